@@ -1,0 +1,1 @@
+"""Evaluation of a checkpoint against a baseline: scores, the gate, the report."""

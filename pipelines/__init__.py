@@ -1,0 +1,1 @@
+"""Taxiway's config and execution stages: plain functions, callable from the CLI, tests and Airflow."""

@@ -1,0 +1,221 @@
+"""``taxiway``: every stage from the command line, no Airflow needed.
+
+Exit codes: 0 success, 1 a gate or check failed, 2 bad input or usage. The last line printed
+names the main file written. Without ``--run-dir`` a run folder is derived from the config
+(``$TAXIWAY_HOME/runs/<name>-<config sha256[:12]>``), so stages run one after another chain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pipelines import paths
+from pipelines.config import ConfigError, RunConfig, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Taxiway: raw text to an evaluated, registered language model.")
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config (may use extends:)")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: key.path=value (repeatable)")]
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="Run folder (default: derived from the config)")]
+
+EXIT_GATE, EXIT_INPUT = 1, 2
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from pipelines.documents import DocumentError
+    from pipelines.manifest import ManifestError
+    from pipelines.tokenize.bpe import TokenizerError
+
+    return (ConfigError, ManifestError, DocumentError, TokenizerError, FileNotFoundError,
+            FileExistsError, LookupError, ValueError)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _setup(config: Path, overrides: list[str] | None, run_dir: Path | None) -> tuple[RunConfig, Path]:
+    from pipelines import stages
+
+    cfg = load_config(config, overrides or [])
+    folder = (run_dir or paths.run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
+    stages.prepare(cfg, folder)
+    return cfg, folder
+
+
+def _guard(fn):
+    """Map bad input to exit 2 with one clear line, whatever the stage."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except _bad_input_errors() as exc:
+            raise _fail(str(exc), EXIT_INPUT) from None
+
+    return wrapper
+
+
+@app.command("demo-data")
+@_guard
+def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[Optional[int], typer.Option()] = None,
+              force: bool = False) -> None:
+    """Write a demo corpus (train/, val/, manifest.jsonl) from the standard library's sources."""
+    from pipelines.demo_data import write_demo_data
+
+    typer.echo(write_demo_data(out_dir, seed=seed, max_files=max_files, force=force))
+
+
+@app.command("manifest")
+@_guard
+def manifest_cmd(data_dir: Path, output: Annotated[Optional[Path], typer.Option("-o", "--output")] = None) -> None:
+    """Write a manifest for DATA_DIR/train and DATA_DIR/val (default DATA_DIR/manifest.jsonl)."""
+    from pipelines import manifest
+
+    entries = manifest.scan(data_dir)
+    typer.echo(manifest.write(output or Path(data_dir) / "manifest.jsonl", entries))
+
+
+@app.command()
+@_guard
+def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+    """Check the data against its manifest and for train/val overlap; exit 1 when the gate fails."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    report = stages.preflight(cfg, folder)
+    typer.echo(report.summary())
+    typer.echo(folder / "preflight" / "report.json")
+    if not report.passed:
+        raise typer.Exit(EXIT_GATE)
+
+
+@app.command()
+@_guard
+def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+    """Train the tokenizer and pack both splits (reused from the cache when inputs are unchanged)."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    packed = stages.tokenize(cfg, folder)
+    stats = packed.manifest()
+    typer.echo(f"{'cache hit' if packed.cache_hit else 'packed'}: "
+               + ", ".join(f"{s}: {v['windows']} windows, {v['tokens']} tokens" for s, v in stats["splits"].items()))
+    typer.echo(packed.path / "manifest.json")
+
+
+@app.command()
+@_guard
+def train(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+    """Train as a local gang of compute.nodes torchrun nodes; resumes from the newest valid checkpoint."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    started = time.monotonic()
+    model_dir = stages.train(cfg, folder, on_poll=_progress(folder, started))
+    typer.echo(stages.progress_line(folder, started))
+    typer.echo(model_dir / "model.safetensors")
+
+
+def _progress(folder: Path, started: float, every_s: float = 10.0):
+    last = [0.0]
+
+    def tick() -> None:
+        from pipelines import stages
+
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            line = stages.progress_line(folder, started)
+            if line:
+                typer.echo(line, err=True)
+
+    return tick
+
+
+@app.command()
+@_guard
+def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+    """Score the trained model against the baseline; exit 1 when the gate fails."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    report = stages.evaluate(cfg, folder)
+    typer.echo(report["reason"])
+    typer.echo(folder / "eval" / "report.json")
+    if not report["passed"]:
+        raise typer.Exit(EXIT_GATE)
+
+
+@app.command()
+@_guard
+def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
+             run_key: Annotated[Optional[str], typer.Option(help="Idempotency key (default: run folder name)")] = None) -> None:
+    """Log the run to MLflow and register the model; alias champion only if the gate passed."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    result = stages.register(cfg, folder, run_key or folder.name)
+    typer.echo(json.dumps(result))
+    typer.echo(folder / "registry.json")
+
+
+@app.command()
+@_guard
+def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+    """All five stages in order, without Airflow."""
+    from pipelines import stages
+
+    cfg, folder = _setup(config, set, run_dir)
+    report = stages.preflight(cfg, folder)
+    typer.echo(report.summary())
+    if not report.passed:
+        raise _fail("preflight gate failed", EXIT_GATE)
+    stages.tokenize(cfg, folder)
+    stages.train(cfg, folder, on_poll=_progress(folder, time.monotonic()))
+    stages.evaluate(cfg, folder)
+    stages.register(cfg, folder, folder.name)
+    typer.echo(stages.summary(folder))
+    typer.echo(folder / "registry.json")
+
+
+@app.command()
+@_guard
+def summary(run_dir: Annotated[Optional[Path], typer.Argument(help="Run folder (default: newest registered run)")] = None) -> None:
+    """Print what a run produced: model version, alias, validation loss vs baseline."""
+    from pipelines import stages
+
+    if run_dir is None:
+        done = sorted((paths.taxiway_home() / "runs").glob("*/registry.json"), key=lambda p: p.stat().st_mtime)
+        if not done:
+            raise _fail(f"no registered run under {paths.taxiway_home() / 'runs'}", EXIT_INPUT)
+        run_dir = done[-1].parent
+    typer.echo(stages.summary(run_dir))
+
+
+@app.command()
+def schema() -> None:
+    """Print the RunConfig JSON schema."""
+    typer.echo(json.dumps(RunConfig.model_json_schema(), indent=2))
+
+
+def main() -> None:
+    logging.Formatter.converter = time.gmtime
+    logging.basicConfig(level=logging.INFO, format="%(asctime)sZ %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%dT%H:%M:%S")
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

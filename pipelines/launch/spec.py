@@ -1,0 +1,52 @@
+"""The launch spec: what to run, on how many nodes; one spec for local gangs and Kubernetes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipelines import atomic
+from pipelines.config import RunConfig
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    run_dir: Path
+    trainer_spec: Path            # JSON consumed by ``python -m trainer --spec``
+    nodes: int
+    procs_per_node: int
+    threads_per_proc: int
+    timeout_s: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    def trainer_args(self) -> list[str]:
+        return ["-m", "trainer", "--spec", str(self.trainer_spec)]
+
+
+def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weights: Path | None = None) -> Path:
+    """Translate the RunConfig into the trainer's own contract (``trainer.spec.TrainSpec``)."""
+    packed_manifest = json.loads((packed / "manifest.json").read_text())
+    spec = {
+        "run_dir": str(run_dir),
+        "data": str(packed),
+        "model": {**cfg.model.model_dump(), "vocab_size": packed_manifest["vocab_size"]},
+        "train": cfg.train.model_dump(),
+        "checkpoint": cfg.checkpoint.model_dump(),
+        "config_sha256": cfg.sha256(),
+        "backend": cfg.compute.backend,
+        "threads": cfg.compute.threads_per_proc,
+        "parent": {"uri": cfg.parent, "weights": str(parent_weights)} if parent_weights else None,
+    }
+    return atomic.write_json(run_dir / "train" / "spec.json", spec)
+
+
+def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec:
+    c = cfg.compute
+    return LaunchSpec(run_dir=run_dir, trainer_spec=trainer_spec, nodes=c.nodes,
+                      procs_per_node=c.procs_per_node, threads_per_proc=c.threads_per_proc,
+                      timeout_s=c.timeout_s)
+
+
+def to_json(spec: LaunchSpec) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()}

@@ -1,0 +1,61 @@
+"""The preflight report: one result per check, and the gate's verdict over all of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipelines import atomic
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, folder: Path) -> Path:
+        return atomic.write_json(folder / f"{self.name}.json", asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> "CheckResult":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass
+class Report:
+    passed: bool
+    checks: dict[str, CheckResult]
+    overlap: dict[str, Any]
+    created_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "created_at": self.created_at,
+            "checks": {n: {k: v for k, v in asdict(c).items() if k != "name"} for n, c in self.checks.items()},
+            "overlap": self.overlap,
+        }
+
+    def summary(self) -> str:
+        lines = [f"preflight {'PASSED' if self.passed else 'FAILED'}"]
+        lines += [f"  [{'ok' if c.passed else 'FAIL'}] {n}: {c.message}" for n, c in self.checks.items()]
+        return "\n".join(lines)
+
+
+def assemble(results: list[CheckResult]) -> Report:
+    overlap = next((r.details for r in results if r.name == "overlap"), {})
+    return Report(
+        passed=all(r.passed for r in results),
+        checks={r.name: r for r in results},
+        overlap={k: overlap[k] for k in ("contaminated_fraction", "pairs") if k in overlap},
+        created_at=utc_now(),
+    )

@@ -1,0 +1,157 @@
+"""One function per pipeline stage: the seam the CLI, the Airflow tasks and the tests share.
+
+Each stage reads the run folder's ``config.yaml`` and earlier stages' outputs, and writes its
+own outputs atomically into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pipelines import atomic, lineage
+from pipelines.config import RunConfig, load_config
+
+log = logging.getLogger("taxiway.stages")
+
+
+class StageInputError(FileNotFoundError):
+    """An earlier stage's output is missing: the stages ran out of order."""
+
+
+def prepare(cfg: RunConfig, run_dir: Path) -> Path:
+    """Write ``config.yaml`` and its sha256: the run's identity. Idempotent for the same config."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    if path.exists() and path.read_text() != cfg.to_yaml():
+        raise ValueError(f"{run_dir}: run folder already holds a different config; use another --run-dir")
+    atomic.write_text(path, cfg.to_yaml())
+    atomic.write_text(run_dir / "config.sha256", cfg.sha256() + "\n")
+    return path
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise StageInputError(f"{path}: missing; the run folder was not prepared")
+    return load_config(path)
+
+
+def _require(path: Path, stage: str) -> Path:
+    if not path.exists():
+        raise StageInputError(f"{path}: missing; run the '{stage}' stage first")
+    return path
+
+
+def preflight(cfg: RunConfig, run_dir: Path):
+    from pipelines import preflight as pf
+
+    return pf.run(cfg, run_dir)
+
+
+def tokenize(cfg: RunConfig, run_dir: Path):
+    from pipelines import tokenize as tk
+
+    return tk.run(cfg, run_dir)
+
+
+def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:
+    if not cfg.parent:
+        return None
+    from pipelines import registry
+
+    return registry.download(registry.resolve_version(cfg.parent), dest)
+
+
+def train(cfg: RunConfig, run_dir: Path, on_poll: Callable[[], None] | None = None) -> Path:
+    """Run the trainer as a local gang; returns the exported model folder."""
+    from pipelines.launch import local
+    from pipelines.launch.spec import launch_spec, write_trainer_spec
+
+    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    packed = Path(lineage.packed_info(run_dir)["path"])
+    spec = write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent"))
+    local.run(launch_spec(cfg, run_dir, spec), on_poll=on_poll)
+    model_dir = run_dir / "model"
+    _require(model_dir / "model.safetensors", "train")
+    for name in ("tokenizer.json", "token_bytes.npy"):
+        shutil.copyfile(packed / name, model_dir / name)
+    return model_dir
+
+
+def progress_line(run_dir: Path, started: float) -> str | None:
+    """One human line from ``status.json``: step/total, loss, tokens/s, ETA."""
+    try:
+        s = json.loads((run_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    step, total = s.get("step") or 0, s.get("total_steps") or 0
+    elapsed = time.monotonic() - started
+    eta = f"{elapsed / step * (total - step):.0f}s" if step else "?"
+    return (f"{s.get('state')} step {step}/{total} loss {s.get('loss')} "
+            f"tokens/s {s.get('tokens_per_s')} eta {eta}")
+
+
+def evaluate(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Candidate vs baseline in bits per byte; writes ``eval/report.json``. The gate is in the report."""
+    import torch
+
+    from eval import gate
+    from eval.score import score
+    from pipelines import registry
+    from pipelines import tokenize as tk
+    from pipelines.tokenize import bpe
+    from trainer import weights
+    from trainer.model import GPT
+
+    packed = Path(lineage.packed_info(run_dir)["path"])
+    candidate, _ = weights.load(_require(run_dir / "model", "train"))
+    e = cfg.eval
+    cand = score(candidate, packed, "val", e.batch_size, e.max_batches)
+    baseline = registry.resolve_baseline(cfg, run_dir / "eval" / "baseline")
+    if baseline is None:
+        torch.manual_seed(cfg.train.seed)
+        base = score(GPT(candidate.cfg), packed, "val", e.batch_size, e.max_batches)
+        info = {"kind": "init", "uri": None, "version": None}
+    else:
+        model, _ = weights.load(baseline.folder)
+        base_packed = packed
+        if bpe.file_sha256(baseline.folder / "tokenizer.json") != bpe.file_sha256(packed / "tokenizer.json"):
+            other = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
+                update={"path": str(baseline.folder / "tokenizer.json")})})
+            base_packed = tk.run(other).path
+        base = score(model, base_packed, "val", e.batch_size, e.max_batches)
+        info = {"kind": baseline.kind, "uri": baseline.uri, "version": baseline.version}
+    decision = gate.decide(cand, base, e.min_improvement)
+    report = gate.report(cand, base, info, decision)
+    gate.write(run_dir / "eval", report)
+    return report
+
+
+def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
+    from pipelines import registry
+
+    _require(run_dir / "eval" / "report.json", "evaluate")
+    result = registry.register(cfg, run_dir, run_key, airflow)
+    atomic.write_json(run_dir / "registry.json", result)
+    return result
+
+
+def summary(run_dir: Path) -> str:
+    reg = json.loads(_require(run_dir / "registry.json", "register").read_text())
+    ev = json.loads((run_dir / "eval" / "report.json").read_text())
+    c, b = ev["candidate"], ev["baseline"]
+    return "\n".join([
+        "Taxiway run summary",
+        f"  registered model : {reg['model_name']} version {reg['version']} (alias '{reg['alias']}')",
+        f"  model URI        : {reg['uri']}",
+        f"  validation loss  : {c['loss']:.4f} nats/token, {c['bits_per_byte']:.4f} bits/byte",
+        f"  baseline ({b['kind']:>8}): {b['loss']:.4f} nats/token, {b['bits_per_byte']:.4f} bits/byte",
+        f"  gate             : {'PASSED' if ev['passed'] else 'FAILED'} - {ev['reason']}",
+        f"  MLflow run       : {reg['run_id']} (experiment '{reg['experiment']}')",
+        f"  run folder       : {run_dir}",
+    ])

@@ -1,0 +1,70 @@
+"""Byte-level BPE tokenizers (HF ``tokenizers``): train, load, and describe.
+
+Byte-level means every character of a vocabulary entry stands for exactly one byte, so the
+byte length of each token is known exactly; evaluation uses that for bits per byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from pipelines.config import TokenizerConfig
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be used for this run."""
+
+
+def train(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+        special_tokens=[cfg.eos_token], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False)
+    tok.train_from_iterator(texts, trainer, length=length)
+    return tok
+
+
+def load(path: str | Path, eos_token: str):
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception subclasses
+        raise TokenizerError(f"{path}: tokenizer does not load ({exc})") from None
+    if tok.token_to_id(eos_token) is None:
+        raise TokenizerError(f"{path}: tokenizer has no token {eos_token!r} (tokenizer.eos_token)")
+    return tok
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def token_bytes(tok) -> np.ndarray:
+    """Bytes each token id stands for; special tokens (separators) count zero."""
+    special = {t.content for t in tok.get_added_tokens_decoder().values()}
+    vocab = tok.get_vocab()
+    out = np.zeros(tok.get_vocab_size(), dtype=np.int32)
+    for token, idx in vocab.items():
+        out[idx] = 0 if token in special else len(token)
+    return out
+
+
+def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
