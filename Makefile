@@ -1,0 +1,59 @@
+# Taxiway: `make demo` runs the whole pipeline on this machine; `make test` runs the suite.
+# Both create (or reuse) .venv, rebuilt whenever pyproject.toml or the constraints change.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export TAXIWAY_HOME ?= $(CURDIR)/.taxiway
+export AIRFLOW_HOME ?= $(TAXIWAY_HOME)/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__EXECUTOR := LocalExecutor
+export AIRFLOW__API__HOST := 127.0.0.1
+export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
+
+DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
+AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
+
+.PHONY: demo test venv airflow mlflow-ui bench clean
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+$(AIRFLOW_DB): $(STAMP)
+	mkdir -p $(AIRFLOW_HOME)
+	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
+
+$(DEMO_DATA): $(STAMP)
+	$(BIN)/taxiway demo-data $(TAXIWAY_HOME)/demo-data --force
+
+demo: $(AIRFLOW_DB) $(DEMO_DATA)
+	@echo "running DAG taxiway_train on configs/demo.yaml (log: $(TAXIWAY_HOME)/demo.log)"
+	@$(BIN)/airflow dags test taxiway_train -c '{"config": "$(CURDIR)/configs/demo.yaml"}' \
+		> $(TAXIWAY_HOME)/demo.log 2>&1 || { grep -E "ERROR|Error|error:" $(TAXIWAY_HOME)/demo.log | tail -20; exit 1; }
+	@grep -q "state=success" $(TAXIWAY_HOME)/demo.log || { echo "DAG run did not succeed; see $(TAXIWAY_HOME)/demo.log"; exit 1; }
+	@$(BIN)/taxiway summary
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+airflow: $(AIRFLOW_DB) $(DEMO_DATA)
+	$(BIN)/airflow standalone
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(TAXIWAY_HOME)/mlflow.db --host 127.0.0.1 --port 5000
+
+bench: $(STAMP)
+	$(BIN)/python bench/dag_parse_bench.py
+
+clean:
+	rm -rf $(TAXIWAY_HOME)

@@ -1,0 +1,44 @@
+"""taxiway_train: raw text → preflight → tokenize → train → evaluate → register.
+
+Trigger it from the UI form (the config is shown there), or over REST with a partial conf such
+as ``{"train": {"lr": 3e-4}}``. Wiring only: every task body lives in ``taxiway_airflow.tasks``.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, TaskGroup
+
+from taxiway_airflow import tasks
+from taxiway_airflow.params import build_params
+
+with DAG(
+    dag_id="taxiway_train",
+    description="Train a GPT from raw text and register it in MLflow with lineage",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=4,
+    params=build_params(),
+    tags=["taxiway", "training"],
+    doc_md=__doc__,
+) as dag:
+    run = tasks.resolve_config()
+
+    with TaskGroup("preflight") as preflight:
+        checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in ("manifest", "overlap")]
+        checks >> tasks.preflight_gate.override(task_id="gate")(run)
+
+    with TaskGroup("tokenize") as tokenize:
+        tasks.tokenize.override(task_id="pack")(run)
+
+    with TaskGroup("train") as train:
+        tasks.train.override(task_id="gang")(run)
+
+    with TaskGroup("evaluate") as evaluate:
+        tasks.evaluate.override(task_id="score")(run)
+
+    with TaskGroup("register") as register:
+        tasks.register.override(task_id="model_version")(run)
+
+    preflight >> tokenize >> train >> evaluate >> register

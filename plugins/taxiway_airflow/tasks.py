@@ -1,0 +1,123 @@
+"""Task callables for the ``taxiway_train`` DAG: thin wrappers around ``pipelines.stages``.
+
+Tasks pass only the run folder through XCom; each stage reads ``config.yaml`` from it. Heavy
+libraries are imported inside the stage functions, never here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+
+log = logging.getLogger("taxiway")
+
+
+def _run_dir(run: dict[str, Any]) -> Path:
+    return Path(run["run_dir"])
+
+
+@task(retries=0)
+def resolve_config() -> dict[str, Any]:
+    """Config file + conf overlay + ``set`` → validated RunConfig in ``<run>/config.yaml``.
+
+    A bad config fails here, naming each bad field, before any stage runs (and never retries).
+    """
+    from pipelines import paths, stages
+    from pipelines.config import ConfigError, load_config
+    from taxiway_airflow.params import overrides_from_conf
+
+    ctx = get_current_context()
+    conf = ctx["dag_run"].conf or {}
+    params = ctx["params"]
+    try:
+        cfg = load_config(params["config"], list(params.get("set") or []), overrides_from_conf(conf))
+    except ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
+    run_dir = paths.run_dir(ctx["run_id"])
+    stages.prepare(cfg, run_dir)
+    log.info("run folder %s, config sha256 %s", run_dir, cfg.sha256())
+    return {"run_dir": str(run_dir), "config_sha256": cfg.sha256(), "name": cfg.name}
+
+
+@task(retries=0)
+def preflight_check(check: str, run: dict[str, Any]) -> dict[str, Any]:
+    """One preflight check, so the UI shows which one failed; the gate still sees every result."""
+    from pipelines import preflight, stages
+
+    run_dir = _run_dir(run)
+    result = preflight.run_check(check, stages.load_run_config(run_dir), run_dir)
+    log.info("[%s] %s: %s", "ok" if result.passed else "FAIL", check, result.message)
+    if not result.passed:
+        raise AirflowFailException(f"preflight check '{check}' failed: {result.message}")
+    return {"passed": result.passed, "message": result.message}
+
+
+@task(retries=0, trigger_rule="all_done_min_one_success")
+def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
+    """Fold the check results into ``preflight/report.json``; fail the run if any check failed."""
+    from pipelines import preflight
+
+    report = preflight.gate(_run_dir(run))
+    log.info("%s", report.summary())
+    if not report.passed:
+        raise AirflowFailException(report.summary())
+    return {"passed": True}
+
+
+@task(retries=1)
+def tokenize(run: dict[str, Any]) -> dict[str, Any]:
+    from pipelines import stages
+
+    run_dir = _run_dir(run)
+    packed = stages.tokenize(stages.load_run_config(run_dir), run_dir)
+    stats = packed.manifest()
+    log.info("%s %s: %s", "cache hit" if packed.cache_hit else "packed", packed.path,
+             {s: {k: v[k] for k in ("documents", "tokens", "windows")} for s, v in stats["splits"].items()})
+    return {"path": str(packed.path), "key": packed.key, "cache_hit": packed.cache_hit}
+
+
+@task(retries=1)
+def train(run: dict[str, Any]) -> dict[str, Any]:
+    """Local gang of torchrun nodes; a retry resumes from the newest valid checkpoint."""
+    from pipelines import stages
+
+    run_dir = _run_dir(run)
+    started, last = time.monotonic(), [0.0]
+
+    def progress() -> None:
+        if time.monotonic() - last[0] >= 10:
+            last[0] = time.monotonic()
+            if line := stages.progress_line(run_dir, started):
+                log.info("%s", line)
+
+    model_dir = stages.train(stages.load_run_config(run_dir), run_dir, on_poll=progress)
+    log.info("%s", stages.progress_line(run_dir, started))
+    return {"model_dir": str(model_dir)}
+
+
+@task(retries=1)
+def evaluate(run: dict[str, Any]) -> dict[str, Any]:
+    from pipelines import stages
+
+    run_dir = _run_dir(run)
+    report = stages.evaluate(stages.load_run_config(run_dir), run_dir)
+    log.info("%s", report["reason"])
+    return {"passed": report["passed"], "improvement_bpb": report["improvement_bpb"]}
+
+
+@task(retries=2)
+def register(run: dict[str, Any]) -> dict[str, Any]:
+    """Idempotent per Airflow run: a retry reuses the MLflow run and model version it made."""
+    from pipelines import stages
+
+    ctx = get_current_context()
+    run_dir = _run_dir(run)
+    airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
+    result = stages.register(stages.load_run_config(run_dir), run_dir, ctx["run_id"], airflow)
+    log.info("registered %s version %s as '%s'", result["model_name"], result["version"], result["alias"])
+    return result

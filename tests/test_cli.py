@@ -1,0 +1,109 @@
+"""Every CLI stage on the tiny config, chained through one run folder, with the exit-code contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, taxiway
+
+
+@pytest.fixture(scope="module")
+def cli_home(tmp_path_factory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("cli-home")
+    env = {"TAXIWAY_HOME": str(home)}
+    proc = taxiway("demo-data", str(home / "demo-data"), "--max-files", "120", env=env, check=True)
+    assert proc.stdout.strip().splitlines()[-1].endswith("manifest.jsonl")
+    return env
+
+
+def _last_line(proc) -> Path:
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def test_demo_data_is_deterministic(tmp_path: Path):
+    a = taxiway("demo-data", str(tmp_path / "a"), "--seed", "3", "--max-files", "30", check=True)
+    b = taxiway("demo-data", str(tmp_path / "b"), "--seed", "3", "--max-files", "30", check=True)
+    c = taxiway("demo-data", str(tmp_path / "c"), "--seed", "4", "--max-files", "30", check=True)
+    assert _last_line(a).read_text() == _last_line(b).read_text()
+    assert _last_line(a).read_text() != _last_line(c).read_text()
+    rows = [json.loads(line) for line in _last_line(a).read_text().splitlines()]
+    assert {r["split"] for r in rows} == {"train", "val"} and len(rows) == 30
+    refused = taxiway("demo-data", str(tmp_path / "a"))
+    assert refused.returncode == 2 and "--force" in refused.stderr
+
+
+def test_manifest_command_matches_demo_manifest(tmp_path: Path, cli_home):
+    data = Path(cli_home["TAXIWAY_HOME"]) / "demo-data"
+    out = taxiway("manifest", str(data), "-o", str(tmp_path / "m.jsonl"), check=True)
+    assert _last_line(out).read_text() == (data / "manifest.jsonl").read_text()
+
+
+def test_stages_chain_through_one_run_folder(cli_home):
+    pre = taxiway("preflight", "-c", str(TINY), env=cli_home, check=True)
+    report = json.loads(_last_line(pre).read_text())
+    assert report["passed"] and set(report["checks"]) == {"manifest", "overlap"}
+    assert report["overlap"]["contaminated_fraction"] <= 0.05
+
+    tok = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)
+    packed = json.loads(_last_line(tok).read_text())
+    assert packed["splits"]["train"]["windows"] > 0 and packed["dtype"] == "uint16"
+    again = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)
+    assert again.stdout.startswith("cache hit")
+
+    tr = taxiway("train", "-c", str(TINY), env=cli_home, check=True)
+    assert _last_line(tr).name == "model.safetensors" and _last_line(tr).exists()
+    run_dir = _last_line(tr).parents[1]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["step"] == 30
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000020", "step-00000030"]
+
+    ev = taxiway("evaluate", "-c", str(TINY), env=cli_home, check=True)
+    assert json.loads(_last_line(ev).read_text())["passed"]
+
+    reg = taxiway("register", "-c", str(TINY), env=cli_home, check=True)
+    first = json.loads(_last_line(reg).read_text())
+    assert first["alias"] == "champion"
+    again = json.loads(_last_line(taxiway("register", "-c", str(TINY), env=cli_home, check=True)).read_text())
+    assert again["version"] == first["version"], "re-running register must not create a second version"
+
+
+def test_bad_config_exits_2_naming_the_field(cli_home):
+    proc = taxiway("preflight", "-c", str(TINY), "--set", "train.lr=-1", env=cli_home)
+    assert proc.returncode == 2
+    assert "train.lr" in proc.stderr and "greater than 0" in proc.stderr
+
+
+def test_stage_out_of_order_exits_2(cli_home, tmp_path: Path):
+    proc = taxiway("train", "-c", str(TINY), "--run-dir", str(tmp_path / "fresh"), env=cli_home)
+    assert proc.returncode == 2 and "packed.json" in proc.stderr and "tokenize" in proc.stderr
+
+
+def test_preflight_gate_fails_with_exit_1(cli_home, tmp_path: Path):
+    data = tmp_path / "data"
+    shutil.copytree(Path(cli_home["TAXIWAY_HOME"]) / "demo-data", data)
+    victim = sorted((data / "train").iterdir())[0]
+    shutil.copyfile(victim, data / "val" / "leaked.txt")   # contamination, and an unlisted file
+    victim.write_text(victim.read_text() + "\n# tampered\n")  # size and hash mismatch
+    sets = [f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}"]
+    proc = taxiway("preflight", "-c", str(TINY), *sum((["--set", s] for s in sets), []),
+                   "--run-dir", str(tmp_path / "run"), env=cli_home)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads((tmp_path / "run" / "preflight" / "report.json").read_text())
+    assert not report["passed"]
+    problems = " ".join(report["checks"]["manifest"]["details"]["problems"])
+    assert victim.name in problems and "leaked.txt" in problems
+    assert any(p["val"] == "val/leaked.txt" for p in report["overlap"]["pairs"])
+
+
+def test_malformed_manifest_exits_2(cli_home, tmp_path: Path):
+    bad = tmp_path / "manifest.jsonl"
+    bad.write_text('{"path": "../etc/passwd", "split": "train", "bytes": 1, "sha256": "' + "0" * 64 + '"}\n')
+    proc = taxiway("preflight", "-c", str(TINY), "--set", f"data.manifest={bad}",
+                   "--run-dir", str(tmp_path / "run"), env=cli_home)
+    assert proc.returncode == 2
+    assert f"{bad}:1" in proc.stderr and "escapes the data root" in proc.stderr
+    assert not (tmp_path / "run" / "preflight" / "report.json").exists()

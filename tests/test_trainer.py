@@ -1,0 +1,105 @@
+"""Trainer: exact resume from the newest valid checkpoint; torn or corrupt ones are skipped."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines import manifest
+from pipelines.config import load_config
+from pipelines.launch.spec import write_trainer_spec
+from trainer import checkpoint
+from trainer.loop import train
+from trainer.spec import TrainSpec
+
+from conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trainer")
+    env = pytest.MonkeyPatch()
+    env.setenv("TAXIWAY_HOME", str(root / "home"))
+    for split, n in (("train", 60), ("val", 10)):
+        (root / split).mkdir()
+        for i in range(n):
+            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
+    manifest.write(root / "manifest.jsonl", manifest.scan(root))
+    cfg = load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
+                             f"data.manifest={root / 'manifest.jsonl'}", "tokenizer.vocab_size=280",
+                             "train.steps=12", "checkpoint.every_steps=4", "checkpoint.keep_last_n=5",
+                             "train.deterministic=true"])
+    from pipelines import tokenize
+
+    yield cfg, tokenize.run(cfg).path
+    env.undo()
+
+
+def _spec(cfg, packed_path: Path, run_dir: Path) -> TrainSpec:
+    return TrainSpec.load(write_trainer_spec(cfg, run_dir, packed_path))
+
+
+def _state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "step-00000012" / "model.pt", weights_only=True)
+
+
+def test_resume_is_bitwise_identical(packed, tmp_path: Path):
+    cfg, path = packed
+    assert train(_spec(cfg, path, tmp_path / "a")) == 0
+    ref = _state(tmp_path / "a")
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for late in ("step-00000008", "step-00000012"):
+        shutil.rmtree(tmp_path / "b" / "checkpoints" / late)
+    assert train(_spec(cfg, path, tmp_path / "b")) == 0
+    resumed = _state(tmp_path / "b")
+    assert all(torch.equal(ref[k], resumed[k]) for k in ref)
+    status = json.loads((tmp_path / "b" / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["restarts"] == 1
+    metrics = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 12
+
+
+def test_corrupt_and_torn_checkpoints_are_skipped(packed, tmp_path: Path, caplog):
+    cfg, path = packed
+    assert train(_spec(cfg, path, tmp_path / "r")) == 0
+    ckpts = tmp_path / "r" / "checkpoints"
+    (ckpts / "step-00000012" / "model.pt").write_bytes(b"garbage")          # corrupt
+    (ckpts / "step-00000016.inprogress").mkdir()                               # torn, never renamed
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+        assert checkpoint.latest_valid(ckpts).name == "step-00000008"
+    assert "step-00000012" in caplog.text and "checksum mismatch" in caplog.text
+    assert checkpoint.is_valid(ckpts / "step-00000008") == (True, "ok")
+
+
+def test_two_node_gang_over_loopback(packed, tmp_path: Path):
+    from pipelines.launch import local
+    from pipelines.launch.spec import launch_spec
+
+    cfg, path = packed
+    run_dir = tmp_path / "gang"
+    spec = write_trainer_spec(cfg, run_dir, path)
+    local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
+    log0 = (run_dir / "train" / "logs" / "node-0.log").read_text()
+    assert (run_dir / "model" / "model.safetensors").exists()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["tokens_seen"] == 12 * 8 * 32 * 2, log0
+
+
+def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
+    from pipelines.launch import local
+    from pipelines.launch.spec import launch_spec
+
+    cfg, path = packed
+    run_dir = tmp_path / "bad"
+    spec = write_trainer_spec(cfg, run_dir, path)
+    raw = json.loads(spec.read_text())
+    raw["data"] = str(tmp_path / "nowhere")
+    spec.write_text(json.dumps(raw))
+    with pytest.raises(RuntimeError, match="exited with code"):
+        local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
