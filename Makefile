@@ -24,7 +24,8 @@ AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]' 2>&1 \
+		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	touch $@
 
 venv: $(STAMP)
