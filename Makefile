@@ -19,7 +19,7 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test venv airflow mlflow-ui bench clean
+.PHONY: demo test lint venv airflow mlflow-ui bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
@@ -44,8 +44,11 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 	@grep -q "state=success" $(TAXIWAY_HOME)/demo.log || { echo "DAG run did not succeed; see $(TAXIWAY_HOME)/demo.log"; exit 1; }
 	@$(BIN)/taxiway summary
 
-test: $(STAMP)
+test: lint
 	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench
 
 airflow: $(AIRFLOW_DB) $(DEMO_DATA)
 	$(BIN)/airflow standalone

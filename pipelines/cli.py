@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,8 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Taxiway: raw text to an evaluated, registered language model.")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config (may use extends:)")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: key.path=value (repeatable)")]
-RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="Run folder (default: derived from the config)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: key.path=value (repeatable)")]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (default: derived from the config)")]
 
 EXIT_GATE, EXIT_INPUT = 1, 2
 
@@ -70,7 +70,7 @@ def _guard(fn):
 
 @app.command("demo-data")
 @_guard
-def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[Optional[int], typer.Option()] = None,
+def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[int | None, typer.Option()] = None,
               force: bool = False) -> None:
     """Write a demo corpus (train/, val/, manifest.jsonl) from the standard library's sources."""
     from pipelines.demo_data import write_demo_data
@@ -80,7 +80,7 @@ def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[Optional[int], 
 
 @app.command("manifest")
 @_guard
-def manifest_cmd(data_dir: Path, output: Annotated[Optional[Path], typer.Option("-o", "--output")] = None) -> None:
+def manifest_cmd(data_dir: Path, output: Annotated[Path | None, typer.Option("-o", "--output")] = None) -> None:
     """Write a manifest for DATA_DIR/train and DATA_DIR/val (default DATA_DIR/manifest.jsonl)."""
     from pipelines import manifest
 
@@ -161,7 +161,7 @@ def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -
 @app.command()
 @_guard
 def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
-             run_key: Annotated[Optional[str], typer.Option(help="Idempotency key (default: run folder name)")] = None) -> None:
+             run_key: Annotated[str | None, typer.Option(help="Idempotency key (default: run folder name)")] = None) -> None:
     """Log the run to MLflow and register the model; alias champion only if the gate passed."""
     from pipelines import stages
 
@@ -192,7 +192,7 @@ def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> Non
 
 @app.command()
 @_guard
-def summary(run_dir: Annotated[Optional[Path], typer.Argument(help="Run folder (default: newest registered run)")] = None) -> None:
+def summary(run_dir: Annotated[Path | None, typer.Argument(help="Run folder (default: newest registered run)")] = None) -> None:
     """Print what a run produced: model version, alias, validation loss vs baseline."""
     from pipelines import stages
 

@@ -88,7 +88,7 @@ class ModelConfig(Section):
     dropout: Fraction = 0.0
 
     @model_validator(mode="after")
-    def _heads_divide_width(self) -> "ModelConfig":
+    def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         return self
@@ -153,7 +153,7 @@ class RunConfig(Section):
     parent: str | None = Field(None, description="models:/ URI to continue training from")
 
     @model_validator(mode="after")
-    def _context_fits(self) -> "RunConfig":
+    def _context_fits(self) -> RunConfig:
         if self.pack.seq_len > self.model.block_size:
             raise ValueError(
                 f"pack.seq_len ({self.pack.seq_len}) exceeds model.block_size ({self.model.block_size})")

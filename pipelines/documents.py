@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import glob
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
 

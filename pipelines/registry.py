@@ -128,7 +128,7 @@ def _find_version(c, name: str, run_key: str):
 
 def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
     """Log the run to MLflow and register its model; idempotent per ``run_key``."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     run_dir = Path(run_dir)
     c = client()

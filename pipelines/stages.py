@@ -10,8 +10,9 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipelines import atomic, lineage
 from pipelines.config import RunConfig, load_config

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from pipelines.config import ConfigError, RunConfig, load_config, section_schemas
+from pydantic import ValidationError
 
 from conftest import REPO, TINY
+from pipelines.config import ConfigError, RunConfig, load_config, section_schemas
 
 
 def test_tiny_extends_demo_extends_base():
@@ -55,7 +55,7 @@ def test_data_paths_are_required(tmp_path: Path):
 def test_missing_env_var_and_bad_files(tmp_path: Path, monkeypatch):
     monkeypatch.delenv("NO_SUCH_VAR", raising=False)
     bad = tmp_path / "env.yaml"
-    bad.write_text("extends: %s\ndata: {train: '${NO_SUCH_VAR}'}\n" % TINY)
+    bad.write_text(f"extends: {TINY}\ndata: {{train: '${{NO_SUCH_VAR}}'}}\n")
     with pytest.raises(ConfigError, match="NO_SUCH_VAR"):
         load_config(bad)
     loop = tmp_path / "loop.yaml"
@@ -74,7 +74,7 @@ def test_frozen_and_hash_stable():
     a, b = load_config(TINY), load_config(TINY)
     assert a.sha256() == b.sha256()
     assert load_config(TINY, ["train.steps=31"]).sha256() != a.sha256()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         a.train.lr = 1.0  # type: ignore[misc]
 
 

@@ -29,10 +29,9 @@ def test_dag_folder_has_no_import_errors():
 
 def test_dag_module_imports_nothing_heavy():
     """In a fresh interpreter, importing the DAG file must not pull torch, mlflow or GE."""
-    code = (
-        "import sys, runpy, json; sys.path.insert(0, %r); runpy.run_path(%r); "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))"
-    ) % (str(REPO / "plugins"), str(REPO / "dags" / "taxiway_train.py"), HEAVY)
+    plugins, dag_file = str(REPO / "plugins"), str(REPO / "dags" / "taxiway_train.py")
+    code = (f"import sys, runpy, json; sys.path.insert(0, {plugins!r}); runpy.run_path({dag_file!r}); "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
@@ -56,7 +55,7 @@ def test_params_mirror_config_and_reject_bad_conf():
 
 
 def test_only_changed_leaves_override_the_config_file():
-    from taxiway_airflow.params import form_defaults, default_config_path, overrides_from_conf
+    from taxiway_airflow.params import default_config_path, form_defaults, overrides_from_conf
 
     defaults = form_defaults(default_config_path())
     full_form = {**defaults, "train": {**defaults["train"], "lr": 0.01}}

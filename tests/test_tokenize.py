@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import TINY
 from pipelines import manifest
 from pipelines.config import load_config
 from trainer.data import PackedSplit, ShardedSampler
-
-from conftest import TINY
 
 DOCS = {
     "train": [f"def f{i}(x):\n    return x * {i}  # café {i}\n" * (1 + i % 4) for i in range(40)],
@@ -38,8 +37,9 @@ def _cfg(corpus: Path, *extra: str):
 
 
 def test_round_trip_and_boundaries(corpus: Path):
-    from pipelines import tokenize
     from tokenizers import Tokenizer
+
+    from pipelines import tokenize
 
     packed = tokenize.run(_cfg(corpus))
     m = packed.manifest()

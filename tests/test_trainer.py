@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY
 from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.launch.spec import write_trainer_spec
 from trainer import checkpoint
 from trainer.loop import train
 from trainer.spec import TrainSpec
-
-from conftest import TINY
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ class PackedSplit:
 
     def batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x, y, doc_ids), each (len(indices), seq_len)."""
-        toks, docs = zip(*(self.item(int(i)) for i in indices))
+        toks, docs = zip(*(self.item(int(i)) for i in indices), strict=True)
         tokens = np.stack(toks)
         return tokens[:, :-1], tokens[:, 1:], np.stack(docs)
 

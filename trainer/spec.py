@@ -26,7 +26,7 @@ class TrainSpec:
     parent: dict[str, Any] | None = None  # {"uri": ..., "weights": path to model.safetensors}
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainSpec":
+    def load(cls, path: str | Path) -> TrainSpec:
         raw = json.loads(Path(path).read_text())
         return cls(run_dir=Path(raw["run_dir"]), data=Path(raw["data"]), model=GPTConfig(**raw["model"]),
                    train=raw["train"], checkpoint=raw["checkpoint"], config_sha256=raw["config_sha256"],

@@ -8,8 +8,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-
 from trainer.model import GPT, GPTConfig
 
 _TIED = "lm_head.weight"

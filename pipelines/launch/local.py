@@ -30,7 +30,7 @@ class Handle:
     logs: list[str]
 
     @classmethod
-    def load(cls, path: Path) -> "Handle":
+    def load(cls, path: Path) -> Handle:
         raw = json.loads(path.read_text())
         return cls(path, raw["pids"], raw["logs"])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import atomic
@@ -47,6 +47,3 @@ def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec
                       procs_per_node=c.procs_per_node, threads_per_proc=c.threads_per_proc,
                       timeout_s=c.timeout_s)
 
-
-def to_json(spec: LaunchSpec) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()}

@@ -7,8 +7,8 @@ Airflow runs one task per check; the CLI and tests call ``run``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pipelines import atomic
 from pipelines.config import RunConfig

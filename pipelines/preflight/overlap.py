@@ -8,8 +8,8 @@ A val document counts as contaminated when any train document confirms against i
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from pipelines import atomic
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class CheckResult:
         return atomic.write_json(folder / f"{self.name}.json", asdict(self))
 
     @classmethod
-    def load(cls, path: Path) -> "CheckResult":
+    def load(cls, path: Path) -> CheckResult:
         return cls(**json.loads(Path(path).read_text()))
 
 

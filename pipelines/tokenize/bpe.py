@@ -7,8 +7,8 @@ byte length of each token is known exactly; evaluation uses that for bits per by
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
