@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 
+export PATH := $(BIN):$(PATH)
 export TAXIWAY_HOME ?= $(CURDIR)/.taxiway
 export AIRFLOW_HOME ?= $(TAXIWAY_HOME)/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
