@@ -30,11 +30,16 @@ class Baseline:
 
 
 def client():
-    import mlflow
+    """A client bound to Taxiway's tracking URI, without touching MLflow's process-wide default."""
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(mlflow_tracking_uri())
-    return MlflowClient()
+    uri = mlflow_tracking_uri()
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _local_store(uri: str) -> bool:
+    """SQLite or file stores keep artifacts under TAXIWAY_HOME; a server decides for itself."""
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
 
 
 def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
@@ -66,7 +71,8 @@ def download(mv, dest: Path) -> Path:
     import mlflow
 
     dest.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest)))
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest),
+                                                    tracking_uri=mlflow_tracking_uri()))
 
 
 def resolve_baseline(cfg: RunConfig, dest: Path) -> Baseline | None:
@@ -95,7 +101,7 @@ def _experiment_id(name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    local = "MLFLOW_TRACKING_URI" not in os.environ
+    local = _local_store(mlflow_tracking_uri())
     return c.create_experiment(name, artifact_location=f"{mlflow_artifact_root()}/{name}" if local else None)
 
 

@@ -48,6 +48,7 @@ def test_dag_trains_and_registers_champion(dag, home: Path):
         assert mv.tags.get(tag), tag
     assert mv.tags["airflow.dag_id"] == "taxiway_train"
     assert mv.tags["taxiway.config_sha256"] == (run_dir / "config.sha256").read_text().strip()
+    assert c.get_run(mv.run_id).info.artifact_uri.startswith((home / "mlartifacts").as_uri())
     artifacts = {a.path for a in c.list_artifacts(mv.run_id, "model")}
     assert {"model/model.safetensors", "model/tokenizer.json", "model/model.json"} <= artifacts
 
