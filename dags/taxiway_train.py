@@ -9,6 +9,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, TaskGroup
 
+from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
 from taxiway_airflow.params import build_params
 
@@ -26,7 +27,7 @@ with DAG(
     run = tasks.resolve_config()
 
     with TaskGroup("preflight") as preflight:
-        checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in ("manifest", "overlap")]
+        checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in CHECK_NAMES]
         checks >> tasks.preflight_gate.override(task_id="gate")(run)
 
     with TaskGroup("tokenize") as tokenize:

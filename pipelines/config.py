@@ -55,11 +55,18 @@ class PreflightConfig(Section):
     """Gate thresholds checked before any compute is spent."""
 
     allow_unlisted: bool = Field(False, description="Accept data files missing from the manifest")
+    min_chars: Annotated[int, Field(ge=0)] = Field(1, description="Shortest document accepted (characters)")
+    max_chars: PositiveInt = Field(10_000_000, description="Longest document accepted (characters)")
+    max_duplicate_fraction: Fraction = Field(
+        0.05, description="Largest fraction of a split's documents that exactly repeat an earlier one")
     max_overlap_fraction: Fraction = Field(
         0.05, description="Largest fraction of val documents allowed to near-duplicate a train document")
     overlap_jaccard: Fraction = Field(0.8, description="Jaccard similarity that counts as overlap")
     num_perm: PositiveInt = Field(128, description="MinHash permutations")
     shingle_words: PositiveInt = Field(5, description="Word n-gram size of MinHash shingles")
+    action: Literal["fail", "decontaminate"] = Field(
+        "fail", description="On overlap above the limit: fail the run, or drop contaminated val documents and go on")
+    workers: int | None = Field(None, gt=0, description="Processes/threads for hashing and MinHash; None = all cores")
 
 
 class TokenizerConfig(Section):

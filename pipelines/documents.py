@@ -1,12 +1,20 @@
 """Reading documents from data files: ``.txt`` (one per file), ``.jsonl`` (field ``text``),
-``.parquet`` (column ``text``). Every error names the file and, where it has one, the line."""
+``.parquet`` (column ``text``), by local path or fsspec URI.
+
+``records`` never stops at a bad document: it reports the problem on the record, so the
+preflight checks can name every bad file at once. ``read_documents`` is the strict reader for
+later stages: the first problem is an error naming the file (and line).
+"""
 
 from __future__ import annotations
 
-import glob
+import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from pipelines import storage
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
 
@@ -15,62 +23,87 @@ class DocumentError(ValueError):
     """A data file that cannot be read as documents."""
 
 
-def split_files(spec: str) -> list[Path]:
+@dataclass(frozen=True)
+class Record:
+    doc_id: str             # file uri, or file#line (jsonl, 1-based) / file#row (parquet, 0-based)
+    file: str
+    text: str | None        # None when the document could not be read
+    n_bytes: int
+    problem: str | None = None
+
+
+def split_files(spec: str) -> list[storage.Location]:
     """Files of a split: a folder (recursively) or a glob, sorted for determinism."""
-    path = Path(spec)
-    if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file()]
-    else:
-        files = [Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file()]
-    return sorted(f.resolve() for f in files)
+    return storage.list_files(spec)
 
 
-def file_format(path: Path, declared: str | None = None) -> str:
+def file_format(loc: storage.Location, declared: str | None = None) -> str:
     if declared:
         return declared
+    suffix = PurePosixPath(loc.path).suffix.lower()
     try:
-        return FORMATS[path.suffix.lower()]
+        return FORMATS[suffix]
     except KeyError:
         raise DocumentError(
-            f"{path}: cannot infer format from extension '{path.suffix}' "
+            f"{loc.uri()}: cannot infer format from extension '{suffix}' "
             f"(expected one of {', '.join(FORMATS)}; or set data.format)") from None
 
 
-def read_documents(path: Path, fmt: str | None = None) -> Iterator[tuple[str, str]]:
-    """Yield ``(doc_id, text)``; doc ids are ``file`` or ``file#line``/``file#row``."""
-    fmt = file_format(path, fmt)
+def _decode(raw: bytes) -> tuple[str | None, str | None]:
+    if b"\x00" in raw:
+        return None, "binary content (NUL bytes)"
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"invalid UTF-8 at byte {exc.start}"
+
+
+def records(loc: storage.Location, fmt: str | None = None) -> Iterator[Record]:
+    fmt = file_format(loc, fmt)
+    uri = loc.uri()
+    raw = storage.read_bytes(loc)
     if fmt == "txt":
-        yield str(path), _decode(path, path.read_bytes())
+        text, problem = _decode(raw)
+        yield Record(uri, uri, text, len(raw), problem)
     elif fmt == "jsonl":
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                line = _decode(path, raw, lineno)
+        for lineno, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            doc_id = f"{uri}#{lineno}"
+            text, problem = _decode(line)
+            if text is not None:
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    raise DocumentError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise DocumentError(f"{path}:{lineno}: no string field 'text'")
-                yield f"{path}#{lineno}", obj["text"]
+                    text, problem = None, f"not valid JSON ({exc.msg})"
+                else:
+                    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                        text, problem = None, "no string field 'text'"
+                    else:
+                        text = obj["text"]
+            yield Record(doc_id, uri, text, len(line), problem)
     elif fmt == "parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(io.BytesIO(raw))
+        except Exception as exc:  # pyarrow raises several unrelated types for a broken file
+            yield Record(uri, uri, None, len(raw), f"not a readable parquet file ({exc.__class__.__name__})")
+            return
         if "text" not in table.column_names:
-            raise DocumentError(f"{path}: parquet file has no column 'text'")
+            yield Record(uri, uri, None, len(raw), "parquet file has no column 'text'")
+            return
         for row, text in enumerate(table.column("text").to_pylist()):
-            yield f"{path}#{row}", text or ""
+            problem = None if isinstance(text, str) else "null or non-string 'text'"
+            yield Record(f"{uri}#{row}", uri, text if problem is None else None,
+                         len(text.encode()) if problem is None else 0, problem)
     else:
-        raise DocumentError(f"{path}: unknown format {fmt!r}")
+        raise DocumentError(f"{uri}: unknown format {fmt!r}")
 
 
-def _decode(path: Path, raw: bytes, lineno: int | None = None) -> str:
-    where = f"{path}:{lineno}" if lineno else str(path)
-    if b"\x00" in raw:
-        raise DocumentError(f"{where}: binary content (NUL bytes)")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DocumentError(f"{where}: invalid UTF-8 at byte {exc.start}") from None
+def read_documents(loc: storage.Location, fmt: str | None = None) -> Iterator[tuple[str, str]]:
+    """``(doc_id, text)`` pairs; the first unreadable document is an error naming it."""
+    for rec in records(loc, fmt):
+        if rec.problem:
+            raise DocumentError(f"{rec.doc_id}: {rec.problem}")
+        yield rec.doc_id, rec.text

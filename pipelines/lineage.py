@@ -8,6 +8,7 @@ from typing import Any
 
 from pipelines import manifest
 from pipelines.config import RunConfig
+from pipelines.preflight.decontaminate import effective_data
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -34,7 +35,7 @@ def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_versio
     base = eval_report["baseline"]
     out = {
         "taxiway.config_sha256": cfg.sha256(),
-        "taxiway.data_manifest_sha256": manifest.digest(cfg.data.manifest),
+        "taxiway.data_manifest_sha256": manifest.digest(effective_data(cfg, run_dir).data.manifest),
         "taxiway.packed_dataset": packed["key"],
         "taxiway.tokenizer_sha256": packed["manifest"]["tokenizer_sha256"],
         "taxiway.code_version": code_version,

@@ -55,9 +55,11 @@ def preflight(cfg: RunConfig, run_dir: Path):
 
 
 def tokenize(cfg: RunConfig, run_dir: Path):
+    """Packs the data the preflight gate let through (its decontaminated val split, if any)."""
     from pipelines import tokenize as tk
+    from pipelines.preflight.decontaminate import effective_data
 
-    return tk.run(cfg, run_dir)
+    return tk.run(effective_data(cfg, run_dir), run_dir)
 
 
 def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:

@@ -45,7 +45,7 @@ def test_manifest_command_matches_demo_manifest(tmp_path: Path, cli_home):
 def test_stages_chain_through_one_run_folder(cli_home):
     pre = taxiway("preflight", "-c", str(TINY), env=cli_home, check=True)
     report = json.loads(_last_line(pre).read_text())
-    assert report["passed"] and set(report["checks"]) == {"manifest", "overlap"}
+    assert report["passed"] and set(report["checks"]) == {"manifest", "documents", "duplicates", "overlap"}
     assert report["overlap"]["contaminated_fraction"] <= 0.05
 
     tok = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)

@@ -24,7 +24,7 @@ def test_dag_folder_has_no_import_errors():
     groups = [t.task_id.split(".")[0] for t in dag.topological_sort()]
     order = [g for i, g in enumerate(groups) if g not in groups[:i]]
     assert order == ["resolve_config", "preflight", "tokenize", "train", "evaluate", "register"]
-    assert {"preflight.manifest", "preflight.overlap", "preflight.gate"} <= set(dag.task_ids)
+    assert {f"preflight.{c}" for c in ("manifest", "documents", "duplicates", "overlap", "gate")} <= set(dag.task_ids)
 
 
 def test_dag_module_imports_nothing_heavy():

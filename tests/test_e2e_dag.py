@@ -4,6 +4,7 @@ real torch.distributed gang over loopback, real MLflow (SQLite)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,22 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     assert str(dr.state) == "failed"
     assert states["resolve_config"] == "failed"
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
+
+
+def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp_path: Path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(home / "demo-data", data)
+    victim = sorted((data / "val").iterdir())[0]
+    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
+    conf = {"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
+                                          "manifest": str(data / "manifest.jsonl")}}
+    dr = dag.test(run_conf=conf)
+    states = _states(dr)
+    assert str(dr.state) == "failed"
+    assert states["preflight.manifest"] == "failed"
+    assert states["preflight.documents"] == states["preflight.overlap"] == "success"
+    assert states["preflight.gate"] == "failed"
+    assert states["tokenize.pack"] == "upstream_failed"
+    out = capsys.readouterr()
+    tail = (out.out + out.err).splitlines()
+    assert any(f"val/{victim.name}: size" in line for line in tail[-400:]), "problem not in the task log"

@@ -1,25 +1,34 @@
 """Preflight: the data gate that runs before any compute is spent.
 
 Each check is a function ``(cfg, run_dir) -> CheckResult`` saved under
-``<run>/preflight/checks/``; ``gate`` folds them into ``<run>/preflight/report.json``.
-Airflow runs one task per check; the CLI and tests call ``run``.
+``<run>/preflight/checks/``; ``gate`` folds them into ``<run>/preflight/report.json`` (schema:
+docs/preflight.md). Airflow runs one task per check; the CLI and tests call ``run``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from pipelines import atomic
 from pipelines.config import RunConfig
+from pipelines.preflight.decontaminate import decontaminate
+from pipelines.preflight.documents_check import check_documents
+from pipelines.preflight.duplicates import check_duplicates
 from pipelines.preflight.manifest_check import check_manifest
 from pipelines.preflight.overlap import check_overlap
-from pipelines.preflight.report import CheckResult, Report, assemble
+from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
+
+log = logging.getLogger("taxiway.preflight")
 
 CHECKS: dict[str, Callable[[RunConfig, Path], CheckResult]] = {
     "manifest": lambda cfg, run_dir: check_manifest(cfg),
-    "overlap": lambda cfg, run_dir: check_overlap(cfg, run_dir / "preflight" / "overlap.png"),
+    "documents": lambda cfg, run_dir: check_documents(cfg),
+    "duplicates": lambda cfg, run_dir: check_duplicates(cfg),
+    "overlap": lambda cfg, run_dir: check_overlap(cfg, folder(run_dir) / "overlap.png"),
 }
+assert tuple(CHECKS) == CHECK_NAMES
 
 
 def folder(run_dir: Path) -> Path:
@@ -32,25 +41,53 @@ def run_check(name: str, cfg: RunConfig, run_dir: Path) -> CheckResult:
     return result
 
 
-def gate(run_dir: Path) -> Report:
-    """Fold the saved check results into the report; a missing check counts as failed."""
+def _load(run_dir: Path) -> dict[str, CheckResult]:
     checks_dir = folder(run_dir) / "checks"
-    results = []
+    out = {}
     for name in CHECKS:
         path = checks_dir / f"{name}.json"
-        results.append(CheckResult.load(path) if path.exists()
-                       else CheckResult(name, False, "check did not run", {}))
-    report = assemble(results)
+        out[name] = (CheckResult.load(path) if path.exists()
+                     else CheckResult(name, False, "check did not run (it raised; see its log)", {}))
+    return out
+
+
+def _decontaminate(cfg: RunConfig, run_dir: Path, results: dict[str, CheckResult]) -> dict | None:
+    """With ``action: decontaminate``, contamination alone no longer fails the gate: the val
+    documents that overlap train (near or exact) are dropped and the checks re-judged."""
+    overlap, dups = results["overlap"], results["duplicates"]
+    within_ok = all(f <= cfg.preflight.max_duplicate_fraction for f in dups.details.get("fractions", {}).values())
+    others_ok = all(r.passed for n, r in results.items() if n not in ("overlap", "duplicates"))
+    if cfg.preflight.action != "decontaminate" or not others_ok or not within_ok or overlap.details == {}:
+        return None
+    if overlap.passed and dups.passed:
+        return None
+    drop = set(overlap.details.get("contaminated", [])) | {a["val"] for a in dups.details.get("across", [])}
+    if dups.details.get("across_count", 0) > len(dups.details.get("across", [])):
+        return None  # more exact copies than the report lists: refuse to drop a partial set
+    effective = decontaminate(cfg, run_dir, drop)
+    note = f"decontaminated: dropped {len(drop)} val document(s); continuing with {effective['val']}"
+    for name in ("overlap", "duplicates"):
+        r = results[name]
+        results[name] = CheckResult(name, True, f"{r.message}; {note}", r.details)
+    return {"dropped": sorted(drop), **effective}
+
+
+def gate(cfg: RunConfig, run_dir: Path) -> Report:
+    """Fold the saved check results into the report; a missing check counts as failed."""
+    results = _load(run_dir)
+    cleaned = _decontaminate(cfg, run_dir, results)
+    report = assemble(list(results.values()), decontamination=cleaned)
     atomic.write_json(folder(run_dir) / "report.json", report.to_json())
-    atomic.write_text(folder(run_dir) / "report.md", report.summary() + "\n")
+    atomic.write_text(folder(run_dir) / "report.md", report.markdown())
     return report
 
 
 def run(cfg: RunConfig, run_dir: Path) -> Report:
-    """All checks, then the gate. Stale results from an earlier attempt are removed first."""
-    checks_dir = folder(run_dir) / "checks"
-    for stale in [*checks_dir.glob("*.json"), folder(run_dir) / "report.json"]:
+    """All checks, then the gate. Results of an earlier attempt are removed first."""
+    base = folder(run_dir)
+    for stale in [*(base / "checks").glob("*.json"), base / "report.json", base / "effective.json"]:
         stale.unlink(missing_ok=True)
     for name in CHECKS:
-        run_check(name, cfg, run_dir)
-    return gate(run_dir)
+        result = run_check(name, cfg, run_dir)
+        log.info("[%s] %s: %s", "ok" if result.passed else "FAIL", name, result.message)
+    return gate(cfg, run_dir)

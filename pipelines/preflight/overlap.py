@@ -1,105 +1,181 @@
-"""Near-duplicate train/val overlap with MinHash LSH (datasketch).
+"""Near-duplicate train/val overlap: vectorized MinHash signatures, a datasketch ``MinHashLSH``
+index, and exact confirmation.
 
-LSH (threshold = ``preflight.overlap_jaccard``) proposes candidate pairs; each candidate is then
-confirmed by its estimated Jaccard so the report only lists pairs at or above the threshold.
-A val document counts as contaminated when any train document confirms against it.
+Signatures are computed in parallel processes (files split into size-balanced chunks), the
+train split is indexed, each val document queries the index. A candidate whose estimated
+Jaccard is within ``_PREFILTER`` of the threshold is confirmed by its exact shingle Jaccard
+(both documents re-read); only confirmed pairs are reported. A val document with any confirmed
+pair counts as contaminated. See ``minhash.py`` for how bands/rows follow from the threshold.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+import io
+import os
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
+
+from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
-from pipelines.documents import read_documents, split_files
+from pipelines.documents import records, split_files
+from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_hashes
 from pipelines.preflight.report import CheckResult
 
-_WORD = re.compile(r"\w+")
+_PREFILTER = 0.15                # confirm candidates with estimated J >= threshold - this
+_MIN_PARALLEL_BYTES = 4 << 20    # below this, process start-up costs more than it saves
 
 
-def shingles(text: str, n: int) -> set[bytes]:
-    """Word n-grams of the lower-cased text; a short document is one shingle."""
-    words = _WORD.findall(text.lower())
-    if len(words) <= n:
-        return {" ".join(words).encode()} if words else set()
-    return {" ".join(words[i:i + n]).encode() for i in range(len(words) - n + 1)}
+@dataclass
+class Signed:
+    ids: list[str]          # document ids relative to the manifest root
+    sigs: np.ndarray        # (n, num_perm) uint32
 
 
-def _signatures(docs: Iterable[tuple[str, str]], cfg: RunConfig):
-    from datasketch import MinHash
-
-    for doc_id, text in docs:
-        grams = shingles(text, cfg.preflight.shingle_words)
-        if not grams:
-            continue
-        mh = MinHash(num_perm=cfg.preflight.num_perm, seed=1)
-        mh.update_batch(list(grams))
-        yield doc_id, mh
-
-
-def _docs(spec: str, fmt: str | None, root: Path) -> Iterable[tuple[str, str]]:
-    for path in split_files(spec):
-        for doc_id, text in read_documents(path, fmt):
-            yield _relative(doc_id, root), text
-
-
-def _relative(doc_id: str, root: Path) -> str:
-    """Doc ids as the manifest spells paths (relative to its folder) where possible."""
+def doc_key(doc_id: str, root: storage.Location) -> str:
+    """A document id as the manifest spells paths (``train/a.txt``, ``val/b.jsonl#3``)."""
+    path, sep, frag = doc_id.partition("#")
+    loc = storage.locate(path)
     try:
-        return Path(doc_id).relative_to(root).as_posix()
+        rel = storage.relative(loc, root)
     except ValueError:
-        return doc_id
+        rel = loc.uri()
+    return rel + sep + frag
 
 
-def check_overlap(cfg: RunConfig, plot_path: Path | None = None) -> CheckResult:
-    from datasketch import MinHashLSH
+def _sign_files(uris: list[str], fmt: str | None, num_perm: int, shingle_words: int,
+                root_uri: str) -> tuple[list[str], np.ndarray]:
+    """Worker: signatures of every readable document in ``uris`` (unreadable ones are the
+    documents check's business and are skipped here)."""
+    hasher = MinHasher(num_perm, shingle_words)
+    root = storage.locate(root_uri)
+    ids, shingles = [], []
+    for uri in uris:
+        for rec in records(storage.locate(uri), fmt):
+            if rec.text is not None:
+                ids.append(doc_key(rec.doc_id, root))
+                shingles.append(shingle_hashes(rec.text, shingle_words))
+    return ids, hasher.signatures(shingles)
+
+
+def _chunks(files: list[storage.Location], n: int) -> list[list[str]]:
+    """Size-balanced groups (largest first onto the lightest group), order kept within each."""
+    groups: list[list[tuple[int, str]]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for i, loc in sorted(enumerate(files), key=lambda p: -storage.size(p[1])):
+        g = loads.index(min(loads))
+        groups[g].append((i, loc.uri()))
+        loads[g] += storage.size(loc)
+    return [[uri for _, uri in sorted(g)] for g in groups if g]
+
+
+def sign_split(spec: str, cfg: RunConfig, root: storage.Location, workers: int) -> Signed:
+    files = split_files(spec)
+    p = cfg.preflight
+    args = (cfg.data.format, p.num_perm, p.shingle_words, root.uri())
+    total = sum(storage.size(f) for f in files)
+    if workers <= 1 or total < _MIN_PARALLEL_BYTES or not all(f.local for f in files):
+        ids, sigs = _sign_files([f.uri() for f in files], *args)
+        return Signed(ids, sigs)
+    chunks = _chunks(files, workers * 4)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        parts = list(pool.map(_sign_files, chunks, *[[a] * len(chunks) for a in args]))
+    ids = [i for part_ids, _ in parts for i in part_ids]
+    sigs = np.concatenate([s for _, s in parts]) if parts else np.empty((0, p.num_perm), np.uint32)
+    return Signed(ids, sigs)
+
+
+def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str, str]:
+    """Re-read just the documents named by ``keys`` (candidate pairs are few)."""
+    by_file = defaultdict(set)
+    for key in keys:
+        by_file[key.partition("#")[0]].add(key)
+    out = {}
+    for rel, wanted in by_file.items():
+        loc = root.join(rel) if "://" not in rel and not rel.startswith("/") else storage.locate(rel)
+        for rec in records(loc, fmt):
+            key = doc_key(rec.doc_id, root)
+            if key in wanted and rec.text is not None:
+                out[key] = rec.text
+    return out
+
+
+def find_pairs(train: Signed, val: Signed, cfg: RunConfig, root: storage.Location) -> tuple[list[dict], np.ndarray]:
+    """Confirmed (train, val, jaccard) pairs, and each val document's best estimated Jaccard."""
+    from datasketch import LeanMinHash, MinHashLSH
 
     p = cfg.preflight
-    root = Path(cfg.data.manifest).resolve().parent
-    lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm)
-    train = dict(_signatures(_docs(cfg.data.train, cfg.data.format, root), cfg))
-    for doc_id, mh in train.items():
-        lsh.insert(doc_id, mh)
-    pairs, best, n_val = [], [], 0
-    for doc_id, mh in _signatures(_docs(cfg.data.val, cfg.data.format, root), cfg):
-        n_val += 1
-        scores = sorted(((train[c].jaccard(mh), c) for c in lsh.query(mh)), reverse=True)
-        best.append(scores[0][0] if scores else 0.0)
-        pairs += [{"train": c, "val": doc_id, "jaccard": round(j, 4)}
-                  for j, c in scores if j >= p.overlap_jaccard]
-    if n_val == 0:
-        return CheckResult("overlap", False, "validation split has no documents", {})
-    contaminated = len({pair["val"] for pair in pairs})
-    fraction = contaminated / n_val
-    passed = fraction <= p.max_overlap_fraction
+    empty = np.iinfo(np.uint32).max
+    lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm, params=lsh_params(p.overlap_jaccard, p.num_perm))
+    index = {}
+    with lsh.insertion_session() as session:
+        for i, (key, sig) in enumerate(zip(train.ids, train.sigs, strict=True)):
+            if sig[0] != empty:
+                session.insert(key, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"), check_duplication=False)
+                index[key] = i
+    best = np.zeros(len(val.ids))
+    candidates = []
+    for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
+        if sig[0] == empty:
+            continue
+        hits = lsh.query(LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
+        if not hits:
+            continue
+        rows = np.fromiter((index[h] for h in hits), dtype=np.int64, count=len(hits))
+        est = (train.sigs[rows] == sig).mean(axis=1)
+        best[j] = est.max()
+        candidates += [(train.ids[r], key, float(e)) for r, e in zip(rows, est, strict=True)
+                       if e >= p.overlap_jaccard - _PREFILTER]
+    texts = _texts({k for t, v, _ in candidates for k in (t, v)}, root, cfg.data.format)
+    shingles = {k: shingle_hashes(t, p.shingle_words) for k, t in texts.items()}
+    pairs = []
+    for t, v, e in candidates:
+        exact = jaccard(shingles[t], shingles[v])
+        if exact >= p.overlap_jaccard:
+            pairs.append({"train": t, "val": v, "jaccard": round(exact, 4), "estimated": round(e, 4)})
+    return sorted(pairs, key=lambda q: (q["val"], -q["jaccard"], q["train"])), best
+
+
+def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | None = None) -> CheckResult:
+    p = cfg.preflight
+    workers = workers or p.workers or os.cpu_count() or 1
+    root = manifest.root_of(cfg.data.manifest)
+    train = sign_split(cfg.data.train, cfg, root, workers)
+    val = sign_split(cfg.data.val, cfg, root, workers)
+    if not val.ids:
+        return CheckResult("overlap", False, "validation split has no readable documents", {})
+    pairs, best = find_pairs(train, val, cfg, root)
+    contaminated = sorted({q["val"] for q in pairs})
+    fraction = len(contaminated) / len(val.ids)
     if plot_path is not None:
         _plot(best, p.overlap_jaccard, plot_path)
-    message = (f"{contaminated}/{n_val} val documents ({fraction:.2%}) near-duplicate train "
+    b, r = lsh_params(p.overlap_jaccard, p.num_perm)
+    message = (f"{len(contaminated)}/{len(val.ids)} val documents ({fraction:.2%}) near-duplicate train "
                f"(Jaccard >= {p.overlap_jaccard}); limit {p.max_overlap_fraction:.2%}")
-    return CheckResult("overlap", passed, message, {
-        "contaminated_fraction": fraction, "pairs": pairs, "val_documents": n_val,
-        "train_documents": len(train), "jaccard_threshold": p.overlap_jaccard,
-        "num_perm": p.num_perm, "lsh_bands": lsh.b, "lsh_rows": lsh.r,
-    })
+    return CheckResult("overlap", fraction <= p.max_overlap_fraction, message, {
+        "contaminated_fraction": fraction, "contaminated": contaminated, "pairs": pairs,
+        "val_documents": len(val.ids), "train_documents": len(train.ids),
+        "jaccard_threshold": p.overlap_jaccard, "num_perm": p.num_perm, "shingle_words": p.shingle_words,
+        "lsh_bands": b, "lsh_rows": r})
 
 
-def _plot(best: list[float], threshold: float, path: Path) -> None:
-    """Histogram of each val document's best Jaccard against train."""
-    import io
-
+def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
+    """Histogram of each val document's best estimated Jaccard against train."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipelines import atomic
-
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(best, bins=20, range=(0, 1), color="#4477aa")
     ax.axvline(threshold, color="#cc3311", linestyle="--", label=f"threshold {threshold}")
-    ax.set_xlabel("best estimated Jaccard vs train (LSH candidates)")
+    ax.set_xlabel("best estimated Jaccard vs train (LSH candidates; 0 = none)")
     ax.set_ylabel("val documents")
+    ax.set_yscale("symlog")
     ax.legend()
     fig.tight_layout()
     buf = io.BytesIO()

@@ -1,4 +1,8 @@
-"""The preflight report: one result per check, and the gate's verdict over all of them."""
+"""The preflight report: one result per check, and the gate's verdict over all of them.
+
+Schema (stable; documented in docs/preflight.md): ``{passed, created_at, checks: {name:
+{passed, message, details}}, overlap: {contaminated_fraction, pairs}, decontamination}``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import atomic
+
+SCHEMA_VERSION = 1
+CHECK_NAMES = ("manifest", "documents", "duplicates", "overlap")  # one Airflow task each
 
 
 def utc_now() -> str:
@@ -36,13 +43,16 @@ class Report:
     checks: dict[str, CheckResult]
     overlap: dict[str, Any]
     created_at: str
+    decontamination: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "schema_version": SCHEMA_VERSION,
             "passed": self.passed,
             "created_at": self.created_at,
             "checks": {n: {k: v for k, v in asdict(c).items() if k != "name"} for n, c in self.checks.items()},
             "overlap": self.overlap,
+            "decontamination": self.decontamination,
         }
 
     def summary(self) -> str:
@@ -50,12 +60,26 @@ class Report:
         lines += [f"  [{'ok' if c.passed else 'FAIL'}] {n}: {c.message}" for n, c in self.checks.items()]
         return "\n".join(lines)
 
+    def markdown(self) -> str:
+        rows = [f"| {n} | {'pass' if c.passed else '**FAIL**'} | {c.message} |" for n, c in self.checks.items()]
+        pairs = self.overlap.get("pairs", [])[:20]
+        out = [f"# Preflight: {'PASSED' if self.passed else 'FAILED'}", "", f"{self.created_at}", "",
+               "| check | result | detail |", "|---|---|---|", *rows, ""]
+        if pairs:
+            out += ["## Train/val near-duplicates (first 20)", "", "| val | train | Jaccard |", "|---|---|---|",
+                    *[f"| {p['val']} | {p['train']} | {p['jaccard']} |" for p in pairs], ""]
+        if self.decontamination:
+            out += [f"Decontaminated: dropped {len(self.decontamination['dropped'])} val document(s); "
+                    f"clean manifest {self.decontamination['manifest']}", ""]
+        return "\n".join(out)
 
-def assemble(results: list[CheckResult]) -> Report:
+
+def assemble(results: list[CheckResult], decontamination: dict[str, Any] | None = None) -> Report:
     overlap = next((r.details for r in results if r.name == "overlap"), {})
     return Report(
         passed=all(r.passed for r in results),
         checks={r.name: r for r in results},
         overlap={k: overlap[k] for k in ("contaminated_fraction", "pairs") if k in overlap},
         created_at=utc_now(),
+        decontamination=decontamination,
     )

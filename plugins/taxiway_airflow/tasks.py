@@ -29,13 +29,13 @@ def resolve_config() -> dict[str, Any]:
     """
     from pipelines import paths, stages
     from pipelines.config import ConfigError, load_config
-    from taxiway_airflow.params import overrides_from_conf
+    from taxiway_airflow.params import default_config_path, overrides_from_conf
 
     ctx = get_current_context()
-    conf = ctx["dag_run"].conf or {}
-    params = ctx["params"]
+    conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
     try:
-        cfg = load_config(params["config"], list(params.get("set") or []), overrides_from_conf(conf))
+        cfg = load_config(conf.get("config") or default_config_path(), list(conf.get("set") or []),
+                          overrides_from_conf(conf))
     except ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
     run_dir = paths.run_dir(ctx["run_id"])
@@ -60,9 +60,10 @@ def preflight_check(check: str, run: dict[str, Any]) -> dict[str, Any]:
 @task(retries=0, trigger_rule="all_done_min_one_success")
 def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
     """Fold the check results into ``preflight/report.json``; fail the run if any check failed."""
-    from pipelines import preflight
+    from pipelines import preflight, stages
 
-    report = preflight.gate(_run_dir(run))
+    run_dir = _run_dir(run)
+    report = preflight.gate(stages.load_run_config(run_dir), run_dir)
     log.info("%s", report.summary())
     if not report.passed:
         raise AirflowFailException(report.summary())

@@ -1,0 +1,97 @@
+"""``preflight.action: decontaminate``: drop contaminated val documents and go on with the rest.
+
+Writes ``<run>/preflight/clean/``: the val files without the dropped documents (txt files left
+out, jsonl lines and parquet rows filtered), file symlinks to the untouched train files, a
+``manifest.jsonl`` for the whole clean dataset, and ``dropped.json``. Later stages read the
+data through ``effective.json`` (see ``effective_data``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path, PurePosixPath
+
+from pipelines import atomic, manifest, storage
+from pipelines.config import RunConfig
+from pipelines.documents import file_format, records, split_files
+from pipelines.preflight.overlap import doc_key
+
+
+def clean_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "preflight" / "clean"
+
+
+def _filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
+    """The file's bytes without the dropped documents (None: nothing left), and how many dropped."""
+    recs = list(records(loc, fmt))
+    gone = [r for r in recs if doc_key(r.doc_id, root) in drop]
+    if not gone:
+        return storage.read_bytes(loc), 0
+    if len(gone) == len(recs):
+        return None, len(gone)
+    if fmt == "jsonl":
+        dropped_lines = {int(r.doc_id.rsplit("#", 1)[1]) for r in gone}
+        lines = storage.read_bytes(loc).splitlines(keepends=True)
+        return b"".join(line for i, line in enumerate(lines, 1) if i not in dropped_lines), len(gone)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(storage.read_bytes(loc)))
+        dropped_rows = {int(r.doc_id.rsplit("#", 1)[1]) for r in gone}
+        keep = pa.array([i not in dropped_rows for i in range(table.num_rows)])
+        buf = io.BytesIO()
+        pq.write_table(table.filter(keep), buf)
+        return buf.getvalue(), len(gone)
+    raise AssertionError(f"one-document format {fmt} cannot be partly dropped")
+
+
+def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
+    root = manifest.root_of(cfg.data.manifest)
+    val_root = storage.locate(cfg.data.val)
+    if not root.local or not os.path.isdir(val_root.path):
+        raise ValueError("preflight.action=decontaminate needs local data with data.val a folder "
+                         f"(got data.val={cfg.data.val!r})")
+    try:
+        val_rel = storage.relative(val_root, root)
+    except ValueError:
+        raise ValueError(f"data.val {cfg.data.val} is not under the manifest's folder {root.path}") from None
+    final = clean_dir(run_dir)
+    shutil.rmtree(final, ignore_errors=True)
+    entries, dropped = [], []
+    with atomic.staged_dir(final) as stage:
+        for e in manifest.read(cfg.data.manifest):
+            if e.split == "train":
+                link = stage / e.path
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(root.join(e.path).path, link)
+                entries.append(e)
+        for loc in split_files(cfg.data.val):
+            rel = storage.relative(loc, root)
+            data, n = _filtered(loc, file_format(loc, cfg.data.format), drop, root)
+            if n:
+                dropped.append({"file": rel, "documents": n})
+            if data is None:
+                continue
+            atomic.write_bytes(stage / rel, data)
+            entries.append(manifest.Entry(rel, "val", len(data), manifest.sha256_file(stage / rel)))
+        manifest.write(stage / "manifest.jsonl", entries)
+        atomic.write_json(stage / "dropped.json", {"documents": sorted(drop), "files": dropped})
+    if not any(e.split == "val" for e in entries):
+        raise ValueError("decontamination would leave the val split empty")
+    effective = {"val": str(final / PurePosixPath(val_rel)), "manifest": str(final / "manifest.jsonl"),
+                 "dropped_documents": len(drop)}
+    atomic.write_json(Path(run_dir) / "preflight" / "effective.json", effective)
+    return effective
+
+
+def effective_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """The config later stages use: the decontaminated val split when there is one."""
+    path = Path(run_dir) / "preflight" / "effective.json"
+    if not path.exists():
+        return cfg
+    eff = json.loads(path.read_text())
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"val": eff["val"], "manifest": eff["manifest"]})})

@@ -1,0 +1,121 @@
+"""Document-level data expectations, run with Great Expectations (ephemeral context).
+
+Every document becomes a row (split, file, doc id, bytes, characters, reading problem); a suite
+built from the config states what a usable corpus looks like. GE's own logging and progress
+bars are silenced; its full validation result is kept in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from pipelines import manifest
+from pipelines.config import RunConfig
+from pipelines.documents import records, split_files
+from pipelines.preflight.overlap import doc_key
+from pipelines.preflight.report import CheckResult
+
+_MAX_NAMED = 10
+
+
+def document_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    root = manifest.root_of(cfg.data.manifest)
+    rows = []
+    for split in manifest.SPLITS:
+        for loc in split_files(getattr(cfg.data, split)):
+            for rec in records(loc, cfg.data.format):
+                rows.append({"split": split, "doc_id": doc_key(rec.doc_id, root), "n_bytes": rec.n_bytes,
+                             "n_chars": len(rec.text) if rec.text is not None else None, "problem": rec.problem})
+    return rows
+
+
+def _suite(cfg: RunConfig):
+    import great_expectations as gx
+
+    p = cfg.preflight
+    suite = gx.ExpectationSuite(name="taxiway_documents")
+    for exp in (
+        gx.expectations.ExpectColumnValuesToBeNull(column="problem"),                  # UTF-8, not binary, text present
+        gx.expectations.ExpectColumnValuesToNotBeNull(column="n_chars"),
+        gx.expectations.ExpectColumnValuesToBeBetween(column="n_chars", min_value=p.min_chars, max_value=p.max_chars),
+        gx.expectations.ExpectColumnValuesToBeUnique(column="doc_id"),
+        gx.expectations.ExpectColumnDistinctValuesToContainSet(column="split", value_set=list(manifest.SPLITS)),
+    ):
+        suite.add_expectation(exp)
+    return suite
+
+
+def _quiet_ge() -> None:
+    """GE sets up its own loggers on import; quiet them after that."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("great_expectations"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def validate(rows: list[dict[str, Any]], cfg: RunConfig) -> dict[str, Any]:
+    """GE validation result as a JSON-able dict."""
+    _quiet_ge()
+    import great_expectations as gx
+    import pandas as pd
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    frame = pd.DataFrame(rows, columns=["split", "doc_id", "n_bytes", "n_chars", "problem"])
+    batch = (ctx.data_sources.add_pandas("taxiway").add_dataframe_asset("documents")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
+    result = batch.validate(_suite(cfg), result_format={"result_format": "COMPLETE",
+                                                         "unexpected_index_column_names": ["doc_id"]})
+    return result.to_json_dict()
+
+
+def _failures(result: dict[str, Any], counts: dict[str, int]) -> list[str]:
+    out = []
+    for r in result["results"]:
+        if r["success"]:
+            continue
+        cfg = r["expectation_config"]
+        column = cfg["kwargs"].get("column")
+        res = r.get("result", {})
+        bad = [row.get("doc_id") for row in res.get("unexpected_index_list") or []]
+        values = res.get("partial_unexpected_list") or []
+        if cfg["type"] == "expect_column_values_to_be_null":
+            named = [f"{row['doc_id']} ({row['problem']})" for row in res.get("unexpected_index_list") or []]
+        elif cfg["type"] == "expect_column_distinct_values_to_contain_set":
+            named = [f"split(s) with no documents: {[s for s, n in counts.items() if n == 0]}"]
+        elif bad:
+            named = [f"{d} ({column}={v})" for d, v in zip(bad, values or [None] * len(bad), strict=False)]
+        else:
+            named = [str(v) for v in values]
+        more = f" and {len(named) - _MAX_NAMED} more" if len(named) > _MAX_NAMED else ""
+        out.append(f"{cfg['type']}({column}): {', '.join(named[:_MAX_NAMED])}{more}")
+    return out
+
+
+def check_documents(cfg: RunConfig) -> CheckResult:
+    rows = document_rows(cfg)
+    result = validate(rows, cfg)
+    counts = {s: sum(r["split"] == s for r in rows) for s in manifest.SPLITS}
+    failures = _failures(result, counts)
+    message = (f"{len(rows)} documents meet {len(result['results'])} expectations "
+               f"(train: {counts['train']}, val: {counts['val']})" if not failures
+               else f"{len(failures)} expectation(s) failed: " + "; ".join(failures))
+    stats = result.get("statistics", {})
+    return CheckResult("documents", bool(result["success"]), message,
+                       {"counts": counts, "failures": failures, "statistics": stats,
+                        "great_expectations": _compact(result)})
+
+
+def _compact(result: dict[str, Any]) -> dict[str, Any]:
+    """The GE result without per-row lists (those can be as long as the corpus)."""
+    keep = ("observed_value", "element_count", "unexpected_count", "unexpected_percent", "partial_unexpected_list")
+    return {"success": result["success"], "statistics": result.get("statistics"),
+            "results": [{"type": r["expectation_config"]["type"], "kwargs": r["expectation_config"]["kwargs"],
+                         "success": r["success"], "result": {k: r["result"].get(k) for k in keep if k in r["result"]}}
+                        for r in result["results"]]}

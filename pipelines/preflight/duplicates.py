@@ -1,0 +1,60 @@
+"""Exact duplicates by normalized-text hash: within train, within val, and across the splits.
+
+Normalization: Unicode NFKC, lower case, runs of whitespace collapsed — so a copy that differs
+only in case or spacing still counts. A duplicate is a document whose hash an earlier document
+(in file order) already had; the first copy is not counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+
+from pipelines import manifest
+from pipelines.config import RunConfig
+from pipelines.documents import records, split_files
+from pipelines.preflight.overlap import doc_key
+from pipelines.preflight.report import CheckResult
+
+_SPACE = re.compile(r"\s+")
+_MAX_LISTED = 50
+
+
+def normalized_hash(text: str) -> str:
+    norm = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    return hashlib.blake2b(norm.encode(), digest_size=16).hexdigest()
+
+
+def check_duplicates(cfg: RunConfig) -> CheckResult:
+    root = manifest.root_of(cfg.data.manifest)
+    first: dict[str, dict[str, str]] = {s: {} for s in manifest.SPLITS}
+    within: dict[str, list[dict[str, str]]] = {s: [] for s in manifest.SPLITS}
+    totals = {s: 0 for s in manifest.SPLITS}
+    for split in manifest.SPLITS:
+        for loc in split_files(getattr(cfg.data, split)):
+            for rec in records(loc, cfg.data.format):
+                if rec.text is None:
+                    continue
+                totals[split] += 1
+                key, digest = doc_key(rec.doc_id, root), normalized_hash(rec.text)
+                if digest in first[split]:
+                    within[split].append({"doc": key, "duplicate_of": first[split][digest]})
+                else:
+                    first[split][digest] = key
+    across = [{"val": key, "train": first["train"][d]} for d, key in first["val"].items() if d in first["train"]]
+    fractions = {s: len(within[s]) / max(1, totals[s]) for s in manifest.SPLITS}
+    across_fraction = len(across) / max(1, totals["val"])
+    limit_dup, limit_overlap = cfg.preflight.max_duplicate_fraction, cfg.preflight.max_overlap_fraction
+    passed = all(f <= limit_dup for f in fractions.values()) and across_fraction <= limit_overlap
+    message = (f"exact duplicates: train {len(within['train'])} ({fractions['train']:.2%}), "
+               f"val {len(within['val'])} ({fractions['val']:.2%}), limit {limit_dup:.2%}; "
+               f"val copies of train {len(across)} ({across_fraction:.2%}), limit {limit_overlap:.2%}")
+    if not passed:
+        named = [d["doc"] for s in manifest.SPLITS for d in within[s]] + [a["val"] for a in across]
+        message += "; e.g. " + ", ".join(named[:10])
+    return CheckResult("duplicates", passed, message, {
+        "fractions": fractions, "across_fraction": across_fraction, "documents": totals,
+        "within": {s: within[s][:_MAX_LISTED] for s in manifest.SPLITS},
+        "within_counts": {s: len(within[s]) for s in manifest.SPLITS},
+        "across": across[:_MAX_LISTED], "across_count": len(across)})

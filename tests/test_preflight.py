@@ -1,0 +1,283 @@
+"""Preflight: every bad input is named with its reason and never yields a passed report;
+overlap and duplicates are found; decontamination goes on without them; fsspec URIs work."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, taxiway
+from pipelines import manifest, preflight
+from pipelines.config import load_config
+from pipelines.documents import DocumentError
+from pipelines.manifest import ManifestError
+from pipelines.storage import StorageError
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+         "upsilon phi chi psi omega").split()
+
+
+def _doc(i: int, n: int = 60) -> str:
+    """Distinct documents: a different word order per i, so none overlap by accident."""
+    import random
+
+    rng = random.Random(i)
+    return " ".join(rng.choice(WORDS) + str(rng.randrange(1000)) for _ in range(n)) + "\n"
+
+
+def _corpus(root: Path, train: int = 20, val: int = 6) -> Path:
+    for split, n, offset in (("train", train, 0), ("val", val, 1000)):
+        (root / split).mkdir(parents=True)
+        for i in range(n):
+            (root / split / f"d{i:03d}.txt").write_text(_doc(offset + i))
+    manifest.write(root / "manifest.jsonl", manifest.scan(root))
+    return root
+
+
+def _cfg(root: Path, *extra: str, manifest_path: str | None = None):
+    return load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
+                              f"data.manifest={manifest_path or root / 'manifest.jsonl'}",
+                              "preflight.workers=1", *extra])
+
+
+@pytest.fixture()
+def data(tmp_path: Path) -> Path:
+    return _corpus(tmp_path / "data")
+
+
+def _failed(report, check: str, *needles: str) -> str:
+    assert not report.passed
+    result = report.checks[check]
+    assert not result.passed, report.summary()
+    for needle in needles:
+        assert needle in result.message, result.message
+    return result.message
+
+
+def test_clean_corpus_passes(data: Path, tmp_path: Path):
+    report = preflight.run(_cfg(data), tmp_path / "run")
+    assert report.passed, report.summary()
+    saved = json.loads((tmp_path / "run" / "preflight" / "report.json").read_text())
+    assert saved["passed"] and saved["schema_version"] == 1
+    assert set(saved["checks"]) == {"manifest", "documents", "duplicates", "overlap"}
+    assert saved["checks"]["documents"]["details"]["great_expectations"]["success"] is True
+    assert (tmp_path / "run" / "preflight" / "overlap.png").stat().st_size > 1000
+    assert "Preflight: PASSED" in (tmp_path / "run" / "preflight" / "report.md").read_text()
+
+
+# --- bad input, one test each -------------------------------------------------------------
+
+def test_missing_file(data: Path, tmp_path: Path):
+    (data / "train" / "d003.txt").unlink()
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "manifest", "train/d003.txt", "missing")
+
+
+def test_unlisted_file(data: Path, tmp_path: Path):
+    (data / "train" / "extra.txt").write_text(_doc(77))
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "manifest", "extra.txt", "not in the manifest")
+    assert preflight.run(_cfg(data, "preflight.allow_unlisted=true"), tmp_path / "run2").checks["manifest"].passed
+
+
+def test_size_mismatch(data: Path, tmp_path: Path):
+    (data / "val" / "d002.txt").write_text(_doc(1002) + "more\n")
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "manifest", "val/d002.txt", "size")
+
+
+def test_hash_mismatch(data: Path, tmp_path: Path):
+    path = data / "val" / "d002.txt"
+    text = path.read_text()
+    path.write_text(text[:-2] + ("X" if text[-2] != "X" else "Y") + "\n")   # same size, other bytes
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "manifest", "val/d002.txt", "sha256")
+
+
+def _relist(data: Path) -> None:
+    manifest.write(data / "manifest.jsonl", manifest.scan(data))
+
+
+def test_empty_file(data: Path, tmp_path: Path):
+    (data / "train" / "d004.txt").write_text("")
+    _relist(data)
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/d004.txt", "n_chars")
+
+
+def test_invalid_utf8(data: Path, tmp_path: Path):
+    (data / "train" / "d005.txt").write_bytes(b"caf\xe9 au lait " * 10)
+    _relist(data)
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/d005.txt", "invalid UTF-8")
+
+
+def test_binary_file(data: Path, tmp_path: Path):
+    (data / "train" / "d006.txt").write_bytes(bytes(range(256)) * 4)
+    _relist(data)
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/d006.txt", "binary")
+
+
+def _jsonl_corpus(root: Path, bad_line: str) -> Path:
+    for split, n, offset in (("train", 3, 0), ("val", 1, 1000)):
+        (root / split).mkdir(parents=True)
+        lines = [json.dumps({"text": _doc(offset + 10 * k + i)}) for k in range(n) for i in range(5)]
+        if split == "train":
+            lines[2] = bad_line
+        (root / split / "part.jsonl").write_text("\n".join(lines) + "\n")
+    _relist(root)
+    return root
+
+
+def test_jsonl_line_not_json(tmp_path: Path):
+    data = _jsonl_corpus(tmp_path / "data", '{"text": "unterminated')
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/part.jsonl#3", "not valid JSON")
+
+
+def test_jsonl_line_without_text(tmp_path: Path):
+    data = _jsonl_corpus(tmp_path / "data", json.dumps({"body": "no text field"}))
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/part.jsonl#3", "no string field 'text'")
+
+
+def test_parquet_without_text(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    for split in ("train", "val"):
+        (data / split).mkdir(parents=True)
+        column = "body" if split == "train" else "text"
+        pq.write_table(pa.table({column: [_doc(i) for i in range(5)]}), data / split / "part.parquet")
+    _relist(data)
+    _failed(preflight.run(_cfg(data), tmp_path / "run"), "documents", "train/part.parquet", "no column 'text'")
+
+
+@pytest.mark.parametrize("bad_path", ["../outside.txt", "/etc/passwd", "train/../../x.txt"])
+def test_manifest_path_escaping_the_root(data: Path, tmp_path: Path, bad_path: str):
+    lines = (data / "manifest.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["path"] = bad_path
+    lines[0] = json.dumps(row)
+    (data / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ManifestError, match=r"manifest.jsonl:1: .*escapes the data root"):
+        preflight.run(_cfg(data), tmp_path / "run")
+    assert not (tmp_path / "run" / "preflight" / "report.json").exists()
+
+
+def test_symlink_loop(data: Path, tmp_path: Path):
+    os.symlink(data / "train" / "loop", data / "train" / "loop")
+    with pytest.raises(StorageError, match=r"train/loop: broken or looping symlink"):
+        preflight.run(_cfg(data), tmp_path / "run")
+    assert not (tmp_path / "run" / "preflight" / "report.json").exists()
+
+
+def test_empty_val_split(data: Path, tmp_path: Path):
+    for f in (data / "val").iterdir():
+        f.unlink()
+    _relist(data)
+    report = preflight.run(_cfg(data), tmp_path / "run")
+    _failed(report, "manifest", "split 'val' lists no files")
+    _failed(report, "documents", "split(s) with no documents: ['val']")
+
+
+def test_malformed_manifest_line(data: Path, tmp_path: Path):
+    with open(data / "manifest.jsonl", "a") as fh:
+        fh.write('{"path": "train/d000.txt", "split": "train", "bytes": "12"}\n')
+    with pytest.raises(ManifestError, match=r"manifest.jsonl:27: missing field\(s\) sha256"):
+        preflight.run(_cfg(data), tmp_path / "run")
+
+
+def test_unknown_extension_is_bad_input(data: Path, tmp_path: Path):
+    (data / "train" / "notes.docx").write_bytes(b"PK\x03\x04")
+    _relist(data)
+    with pytest.raises(DocumentError, match=r"notes.docx: cannot infer format"):
+        preflight.run(_cfg(data), tmp_path / "run")
+
+
+def test_cli_exit_codes(data: Path, tmp_path: Path):
+    sets = [f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}"]
+    args = sum((["--set", s] for s in sets), [])
+    ok = taxiway("preflight", "-c", str(TINY), *args, "--run-dir", str(tmp_path / "ok"))
+    assert ok.returncode == 0, ok.stderr
+    (data / "train" / "d001.txt").write_text("tampered")
+    bad = taxiway("preflight", "-c", str(TINY), *args, "--run-dir", str(tmp_path / "bad"))
+    assert bad.returncode == 1 and "train/d001.txt" in bad.stdout
+    (data / "manifest.jsonl").write_text("not json\n")
+    worse = taxiway("preflight", "-c", str(TINY), *args, "--run-dir", str(tmp_path / "worse"))
+    assert worse.returncode == 2 and "manifest.jsonl:1: not valid JSON" in worse.stderr
+
+
+# --- what the gate is for ------------------------------------------------------------------
+
+def _plant(data: Path, mutate_every: int, name: str) -> None:
+    """A val document made from a train document with every ``mutate_every``-th word changed."""
+    words = (data / "train" / "d007.txt").read_text().split()
+    for i in range(0, len(words), mutate_every):
+        words[i] = "mutated" + str(i)
+    (data / "val" / name).write_text(" ".join(words) + "\n")
+
+
+def test_near_duplicate_is_found_and_fails_the_gate(data: Path, tmp_path: Path):
+    _plant(data, 60, "near.txt")      # one word of 60 changed: Jaccard about 0.9
+    _relist(data)
+    report = preflight.run(_cfg(data), tmp_path / "run")
+    _failed(report, "overlap", "1/7 val documents")
+    pair = report.overlap["pairs"][0]
+    assert pair["val"] == "val/near.txt" and pair["train"] == "train/d007.txt" and pair["jaccard"] >= 0.8
+
+
+def test_exact_duplicates_within_and_across(data: Path, tmp_path: Path):
+    shutil.copyfile(data / "train" / "d001.txt", data / "train" / "copy.txt")
+    (data / "val" / "leak.txt").write_text("  " + (data / "train" / "d002.txt").read_text().upper())
+    _relist(data)
+    report = preflight.run(_cfg(data, "preflight.max_duplicate_fraction=0.0"), tmp_path / "run")
+    details = report.checks["duplicates"].details
+    assert details["within"]["train"] == [{"doc": "train/d001.txt", "duplicate_of": "train/copy.txt"}]
+    assert details["across"] == [{"val": "val/leak.txt", "train": "train/d002.txt"}]
+    _failed(report, "duplicates", "val copies of train 1")
+
+
+def test_decontaminate_drops_and_goes_on(data: Path, tmp_path: Path):
+    _plant(data, 60, "near.txt")
+    _relist(data)
+    run_dir = tmp_path / "run"
+    cfg = _cfg(data, "preflight.action=decontaminate")
+    report = preflight.run(cfg, run_dir)
+    assert report.passed, report.summary()
+    assert report.decontamination["dropped"] == ["val/near.txt"]
+    clean = run_dir / "preflight" / "clean"
+    assert not (clean / "val" / "near.txt").exists() and (clean / "val" / "d000.txt").exists()
+    entries = manifest.read(clean / "manifest.jsonl")
+    assert {e.path for e in entries if e.split == "val"} == {f"val/d{i:03d}.txt" for i in range(6)}
+    assert (clean / "train" / "d007.txt").read_text() == (data / "train" / "d007.txt").read_text()
+    from pipelines.preflight.decontaminate import effective_data
+
+    eff = effective_data(cfg, run_dir)
+    assert eff.data.val == str(clean / "val") and eff.data.manifest == str(clean / "manifest.jsonl")
+
+
+# --- fsspec --------------------------------------------------------------------------------
+
+def test_manifest_on_file_uri(data: Path, tmp_path: Path):
+    entries = manifest.scan(f"file://{data}")
+    assert [e.path for e in entries] == [e.path for e in manifest.read(data / "manifest.jsonl")]
+    report = preflight.run(load_config(TINY, [f"data.train=file://{data / 'train'}", f"data.val=file://{data / 'val'}",
+                                              f"data.manifest=file://{data / 'manifest.jsonl'}",
+                                              "preflight.workers=1"]), tmp_path / "run")
+    assert report.passed, report.summary()
+
+
+def test_manifest_on_memory_filesystem(data: Path, tmp_path: Path):
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    for split in ("train", "val"):
+        for f in (data / split).iterdir():
+            mem.pipe_file(f"/corpus/{split}/{f.name}", f.read_bytes())
+    written = manifest.write("memory://corpus/manifest.jsonl", manifest.scan("memory://corpus"))
+    assert written == "memory://corpus/manifest.jsonl"
+    cfg = load_config(TINY, ["data.train=memory://corpus/train", "data.val=memory://corpus/val",
+                             "data.manifest=memory://corpus/manifest.jsonl"])
+    report = preflight.run(cfg, tmp_path / "run")
+    assert report.passed, report.summary()
+    mem.pipe_file("/corpus/val/d001.txt", b"changed")
+    _failed(preflight.run(cfg, tmp_path / "run2"), "manifest", "val/d001.txt")
+    mem.rm("/corpus", recursive=True)
