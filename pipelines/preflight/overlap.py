@@ -1,8 +1,8 @@
 """Near-duplicate train/val overlap: vectorized MinHash signatures, a datasketch ``MinHashLSH``
 index, and exact confirmation.
 
-Signatures are computed in parallel processes (files split into size-balanced chunks), the
-train split is indexed, each val document queries the index. A candidate whose estimated
+Signatures are computed batch by batch on parallel threads (see ``minhash.py``), the train
+split is indexed, each val document queries the index. A candidate whose estimated
 Jaccard is within ``_PREFILTER`` of the threshold is confirmed by its exact shingle Jaccard
 (both documents re-read); only confirmed pairs are reported. A val document with any confirmed
 pair counts as contaminated. See ``minhash.py`` for how bands/rows follow from the threshold.
@@ -13,9 +13,8 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,11 @@ import numpy as np
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import records, split_files
-from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_hashes
+from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_set
 from pipelines.preflight.report import CheckResult
 
 _PREFILTER = 0.15                # confirm candidates with estimated J >= threshold - this
-_MIN_PARALLEL_BYTES = 4 << 20    # below this, process start-up costs more than it saves
+_BATCH_BYTES = 1 << 20           # bytes of documents hashed per numpy batch
 
 
 @dataclass
@@ -36,57 +35,60 @@ class Signed:
     sigs: np.ndarray        # (n, num_perm) uint32
 
 
+def file_key(loc: storage.Location, root: storage.Location) -> str:
+    """A file as the manifest spells paths (``train/a.txt``); its URI when outside the root."""
+    try:
+        return storage.relative(loc, root)
+    except ValueError:
+        return loc.uri()
+
+
 def doc_key(doc_id: str, root: storage.Location) -> str:
     """A document id as the manifest spells paths (``train/a.txt``, ``val/b.jsonl#3``)."""
     path, sep, frag = doc_id.partition("#")
-    loc = storage.locate(path)
-    try:
-        rel = storage.relative(loc, root)
-    except ValueError:
-        rel = loc.uri()
-    return rel + sep + frag
+    return file_key(storage.locate(path), root) + sep + frag
 
 
-def _sign_files(uris: list[str], fmt: str | None, num_perm: int, shingle_words: int,
-                root_uri: str) -> tuple[list[str], np.ndarray]:
-    """Worker: signatures of every readable document in ``uris`` (unreadable ones are the
-    documents check's business and are skipped here)."""
-    hasher = MinHasher(num_perm, shingle_words)
-    root = storage.locate(root_uri)
-    ids, shingles = [], []
-    for uri in uris:
-        for rec in records(storage.locate(uri), fmt):
+def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHasher,
+                root: storage.Location) -> tuple[list[str], np.ndarray]:
+    """Signatures of every readable document in ``files`` (unreadable ones are the documents
+    check's business and are skipped here)."""
+    ids, texts = [], []
+    for loc in files:
+        key = file_key(loc, root)
+        for rec in records(loc, fmt):
             if rec.text is not None:
-                ids.append(doc_key(rec.doc_id, root))
-                shingles.append(shingle_hashes(rec.text, shingle_words))
-    return ids, hasher.signatures(shingles)
+                ids.append(key + rec.doc_id[len(rec.file):])
+                texts.append(rec.text.encode())
+    return ids, hasher.signatures(texts)
 
 
-def _chunks(files: list[storage.Location], n: int) -> list[list[str]]:
-    """Size-balanced groups (largest first onto the lightest group), order kept within each."""
-    groups: list[list[tuple[int, str]]] = [[] for _ in range(n)]
-    loads = [0] * n
-    for i, loc in sorted(enumerate(files), key=lambda p: -storage.size(p[1])):
-        g = loads.index(min(loads))
-        groups[g].append((i, loc.uri()))
-        loads[g] += storage.size(loc)
-    return [[uri for _, uri in sorted(g)] for g in groups if g]
+def _batches(files: list[storage.Location]) -> list[list[storage.Location]]:
+    """Consecutive groups of about ``_BATCH_BYTES``: big enough for numpy, small enough to share."""
+    out, current, size = [], [], 0
+    for loc in files:
+        current.append(loc)
+        size += storage.size(loc)
+        if size >= _BATCH_BYTES:
+            out.append(current)
+            current, size = [], 0
+    return out + ([current] if current else [])
 
 
-def sign_split(spec: str, cfg: RunConfig, root: storage.Location, workers: int) -> Signed:
-    files = split_files(spec)
+def sign_splits(specs: list[str], cfg: RunConfig, root: storage.Location, workers: int) -> list[Signed]:
+    """Signatures of each split; all splits' batches share one pool of ``workers`` threads
+    (numpy releases the GIL), so a small val split does not leave a core idle."""
     p = cfg.preflight
-    args = (cfg.data.format, p.num_perm, p.shingle_words, root.uri())
-    total = sum(storage.size(f) for f in files)
-    if workers <= 1 or total < _MIN_PARALLEL_BYTES or not all(f.local for f in files):
-        ids, sigs = _sign_files([f.uri() for f in files], *args)
-        return Signed(ids, sigs)
-    chunks = _chunks(files, workers * 4)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        parts = list(pool.map(_sign_files, chunks, *[[a] * len(chunks) for a in args]))
-    ids = [i for part_ids, _ in parts for i in part_ids]
-    sigs = np.concatenate([s for _, s in parts]) if parts else np.empty((0, p.num_perm), np.uint32)
-    return Signed(ids, sigs)
+    hasher = MinHasher(p.num_perm, p.shingle_words)
+    jobs = [(i, batch) for i, spec in enumerate(specs) for batch in _batches(split_files(spec))]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        parts = list(pool.map(lambda job: _sign_batch(job[1], cfg.data.format, hasher, root), jobs))
+    out = []
+    for i in range(len(specs)):
+        mine = [part for (j, _), part in zip(jobs, parts, strict=True) if j == i]
+        sigs = np.concatenate([s for _, s in mine]) if mine else np.empty((0, p.num_perm), np.uint32)
+        out.append(Signed([k for ids, _ in mine for k in ids], sigs))
+    return out
 
 
 def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str, str]:
@@ -131,7 +133,7 @@ def find_pairs(train: Signed, val: Signed, cfg: RunConfig, root: storage.Locatio
         candidates += [(train.ids[r], key, float(e)) for r, e in zip(rows, est, strict=True)
                        if e >= p.overlap_jaccard - _PREFILTER]
     texts = _texts({k for t, v, _ in candidates for k in (t, v)}, root, cfg.data.format)
-    shingles = {k: shingle_hashes(t, p.shingle_words) for k, t in texts.items()}
+    shingles = {k: shingle_set(t, p.shingle_words) for k, t in texts.items()}
     pairs = []
     for t, v, e in candidates:
         exact = jaccard(shingles[t], shingles[v])
@@ -144,8 +146,7 @@ def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | 
     p = cfg.preflight
     workers = workers or p.workers or os.cpu_count() or 1
     root = manifest.root_of(cfg.data.manifest)
-    train = sign_split(cfg.data.train, cfg, root, workers)
-    val = sign_split(cfg.data.val, cfg, root, workers)
+    train, val = sign_splits([cfg.data.train, cfg.data.val], cfg, root, workers)
     if not val.ids:
         return CheckResult("overlap", False, "validation split has no readable documents", {})
     pairs, best = find_pairs(train, val, cfg, root)
