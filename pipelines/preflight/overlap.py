@@ -21,7 +21,7 @@ import numpy as np
 
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
-from pipelines.documents import records, split_files
+from pipelines.documents import file_format, records, split_files
 from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_set
 from pipelines.preflight.report import CheckResult
 
@@ -56,6 +56,10 @@ def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHashe
     ids, texts = [], []
     for loc in files:
         key = file_key(loc, root)
+        if file_format(loc, fmt) == "txt":  # one document per file: hash the bytes as they are
+            ids.append(key)
+            texts.append(storage.read_bytes(loc))
+            continue
         for rec in records(loc, fmt):
             if rec.text is not None:
                 ids.append(key + rec.doc_id[len(rec.file):])
