@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import file_format, records, split_files
-from pipelines.preflight.overlap import doc_key
+from pipelines.preflight.overlap import file_key, record_key
 
 
 def clean_dir(run_dir: Path) -> Path:
@@ -27,7 +27,8 @@ def clean_dir(run_dir: Path) -> Path:
 def _filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
     """The file's bytes without the dropped documents (None: nothing left), and how many dropped."""
     recs = list(records(loc, fmt))
-    gone = [r for r in recs if doc_key(r.doc_id, root) in drop]
+    fkey = file_key(loc, root)
+    gone = [r for r in recs if record_key(r, fkey) in drop]
     if not gone:
         return storage.read_bytes(loc), 0
     if len(gone) == len(recs):

@@ -14,7 +14,7 @@ from typing import Any
 from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.documents import records, split_files
-from pipelines.preflight.overlap import doc_key
+from pipelines.preflight.overlap import file_key, record_key
 from pipelines.preflight.report import CheckResult
 
 _MAX_NAMED = 10
@@ -25,8 +25,9 @@ def document_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     rows = []
     for split in manifest.SPLITS:
         for loc in split_files(getattr(cfg.data, split)):
+            key = file_key(loc, root)
             for rec in records(loc, cfg.data.format):
-                rows.append({"split": split, "doc_id": doc_key(rec.doc_id, root), "n_bytes": rec.n_bytes,
+                rows.append({"split": split, "doc_id": record_key(rec, key), "n_bytes": rec.n_bytes,
                              "n_chars": len(rec.text) if rec.text is not None else None, "problem": rec.problem})
     return rows
 

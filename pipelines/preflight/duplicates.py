@@ -14,7 +14,7 @@ import unicodedata
 from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.documents import records, split_files
-from pipelines.preflight.overlap import doc_key
+from pipelines.preflight.overlap import file_key, record_key
 from pipelines.preflight.report import CheckResult
 
 _SPACE = re.compile(r"\s+")
@@ -33,11 +33,12 @@ def check_duplicates(cfg: RunConfig) -> CheckResult:
     totals = {s: 0 for s in manifest.SPLITS}
     for split in manifest.SPLITS:
         for loc in split_files(getattr(cfg.data, split)):
+            fkey = file_key(loc, root)
             for rec in records(loc, cfg.data.format):
                 if rec.text is None:
                     continue
                 totals[split] += 1
-                key, digest = doc_key(rec.doc_id, root), normalized_hash(rec.text)
+                key, digest = record_key(rec, fkey), normalized_hash(rec.text)
                 if digest in first[split]:
                     within[split].append({"doc": key, "duplicate_of": first[split][digest]})
                 else:

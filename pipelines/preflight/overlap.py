@@ -21,12 +21,13 @@ import numpy as np
 
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
-from pipelines.documents import file_format, records, split_files
+from pipelines.documents import Record, file_format, records, split_files
 from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_set
 from pipelines.preflight.report import CheckResult
 
 _PREFILTER = 0.15                # confirm candidates with estimated J >= threshold - this
 _BATCH_BYTES = 1 << 20           # bytes of documents hashed per numpy batch
+_EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
 
 
 @dataclass
@@ -43,10 +44,10 @@ def file_key(loc: storage.Location, root: storage.Location) -> str:
         return loc.uri()
 
 
-def doc_key(doc_id: str, root: storage.Location) -> str:
-    """A document id as the manifest spells paths (``train/a.txt``, ``val/b.jsonl#3``)."""
-    path, sep, frag = doc_id.partition("#")
-    return file_key(storage.locate(path), root) + sep + frag
+def record_key(rec: Record, file: str) -> str:
+    """A document id as the manifest spells paths (``train/a.txt``, ``val/b.jsonl#3``), given
+    its file's ``file_key``."""
+    return file + rec.doc_id[len(rec.file):]
 
 
 def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHasher,
@@ -62,7 +63,7 @@ def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHashe
             continue
         for rec in records(loc, fmt):
             if rec.text is not None:
-                ids.append(key + rec.doc_id[len(rec.file):])
+                ids.append(record_key(rec, key))
                 texts.append(rec.text.encode())
     return ids, hasher.signatures(texts)
 
@@ -79,22 +80,6 @@ def _batches(files: list[storage.Location]) -> list[list[storage.Location]]:
     return out + ([current] if current else [])
 
 
-def sign_splits(specs: list[str], cfg: RunConfig, root: storage.Location, workers: int) -> list[Signed]:
-    """Signatures of each split; all splits' batches share one pool of ``workers`` threads
-    (numpy releases the GIL), so a small val split does not leave a core idle."""
-    p = cfg.preflight
-    hasher = MinHasher(p.num_perm, p.shingle_words)
-    jobs = [(i, batch) for i, spec in enumerate(specs) for batch in _batches(split_files(spec))]
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        parts = list(pool.map(lambda job: _sign_batch(job[1], cfg.data.format, hasher, root), jobs))
-    out = []
-    for i in range(len(specs)):
-        mine = [part for (j, _), part in zip(jobs, parts, strict=True) if j == i]
-        sigs = np.concatenate([s for _, s in mine]) if mine else np.empty((0, p.num_perm), np.uint32)
-        out.append(Signed([k for ids, _ in mine for k in ids], sigs))
-    return out
-
-
 def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str, str]:
     """Re-read just the documents named by ``keys`` (candidate pairs are few)."""
     by_file = defaultdict(set)
@@ -103,57 +88,98 @@ def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str,
     out = {}
     for rel, wanted in by_file.items():
         loc = root.join(rel) if "://" not in rel and not rel.startswith("/") else storage.locate(rel)
+        fkey = file_key(loc, root)
         for rec in records(loc, fmt):
-            key = doc_key(rec.doc_id, root)
+            key = record_key(rec, fkey)
             if key in wanted and rec.text is not None:
                 out[key] = rec.text
     return out
 
 
-def find_pairs(train: Signed, val: Signed, cfg: RunConfig, root: storage.Location) -> tuple[list[dict], np.ndarray]:
-    """Confirmed (train, val, jaccard) pairs, and each val document's best estimated Jaccard."""
-    from datasketch import LeanMinHash, MinHashLSH
+class TrainIndex:
+    """The train split's signatures in a datasketch ``MinHashLSH``, filled batch by batch."""
 
+    def __init__(self, cfg: RunConfig) -> None:
+        from datasketch import MinHashLSH
+
+        p = cfg.preflight
+        self.lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm,
+                              params=lsh_params(p.overlap_jaccard, p.num_perm))
+        self.ids: list[str] = []
+        self.parts: list[np.ndarray] = []
+        self.row: dict[str, int] = {}
+
+    def add(self, ids: list[str], sigs: np.ndarray) -> None:
+        from datasketch import LeanMinHash
+
+        with self.lsh.insertion_session() as session:
+            for key, sig in zip(ids, sigs, strict=True):
+                if sig[0] != _EMPTY:
+                    session.insert(key, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"),
+                                   check_duplication=False)
+                    self.row[key] = len(self.ids)
+                self.ids.append(key)
+        self.parts.append(sigs)
+
+    def candidates(self, val: Signed, cutoff: float) -> tuple[list[tuple[str, str, float]], np.ndarray]:
+        """(train, val, estimated Jaccard) for LSH hits at or above ``cutoff``; best estimate per val doc."""
+        from datasketch import LeanMinHash
+
+        sigs = np.concatenate(self.parts) if self.parts else np.empty((0, val.sigs.shape[1]), np.uint32)
+        best, out = np.zeros(len(val.ids)), []
+        for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
+            if sig[0] == _EMPTY:
+                continue
+            hits = self.lsh.query(LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
+            if hits:
+                rows = np.fromiter((self.row[h] for h in hits), dtype=np.int64, count=len(hits))
+                est = (sigs[rows] == sig).mean(axis=1)
+                best[j] = est.max()
+                out += [(self.ids[r], key, float(e)) for r, e in zip(rows, est, strict=True) if e >= cutoff]
+        return out, best
+
+
+def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tuple[TrainIndex, Signed]:
+    """Sign train then val batches on ``workers`` threads (numpy releases the GIL); the main
+    thread indexes each train batch as it arrives, while the threads compute the next ones."""
     p = cfg.preflight
-    empty = np.iinfo(np.uint32).max
-    lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm, params=lsh_params(p.overlap_jaccard, p.num_perm))
-    index = {}
-    with lsh.insertion_session() as session:
-        for i, (key, sig) in enumerate(zip(train.ids, train.sigs, strict=True)):
-            if sig[0] != empty:
-                session.insert(key, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"), check_duplication=False)
-                index[key] = i
-    best = np.zeros(len(val.ids))
-    candidates = []
-    for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
-        if sig[0] == empty:
-            continue
-        hits = lsh.query(LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
-        if not hits:
-            continue
-        rows = np.fromiter((index[h] for h in hits), dtype=np.int64, count=len(hits))
-        est = (train.sigs[rows] == sig).mean(axis=1)
-        best[j] = est.max()
-        candidates += [(train.ids[r], key, float(e)) for r, e in zip(rows, est, strict=True)
-                       if e >= p.overlap_jaccard - _PREFILTER]
+    hasher = MinHasher(p.num_perm, p.shingle_words)
+    train_batches = _batches(split_files(cfg.data.train))
+    val_batches = _batches(split_files(cfg.data.val))
+    index = TrainIndex(cfg)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = pool.map(lambda b: _sign_batch(b, cfg.data.format, hasher, root), train_batches + val_batches)
+        for _ in train_batches:
+            index.add(*next(results))
+        val_parts = list(results)
+    sigs = np.concatenate([s for _, s in val_parts]) if val_parts else np.empty((0, p.num_perm), np.uint32)
+    return index, Signed([k for ids, _ in val_parts for k in ids], sigs)
+
+
+def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location,
+            workers: int) -> list[dict]:
+    """Keep the candidates whose exact shingle Jaccard reaches the threshold."""
+    p = cfg.preflight
     texts = _texts({k for t, v, _ in candidates for k in (t, v)}, root, cfg.data.format)
-    shingles = {k: shingle_set(t, p.shingle_words) for k, t in texts.items()}
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        shingles = dict(zip(texts, pool.map(lambda t: shingle_set(t, p.shingle_words), texts.values()), strict=True))
     pairs = []
     for t, v, e in candidates:
         exact = jaccard(shingles[t], shingles[v])
         if exact >= p.overlap_jaccard:
             pairs.append({"train": t, "val": v, "jaccard": round(exact, 4), "estimated": round(e, 4)})
-    return sorted(pairs, key=lambda q: (q["val"], -q["jaccard"], q["train"])), best
+    return sorted(pairs, key=lambda q: (q["val"], -q["jaccard"], q["train"]))
 
 
 def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | None = None) -> CheckResult:
     p = cfg.preflight
     workers = workers or p.workers or os.cpu_count() or 1
     root = manifest.root_of(cfg.data.manifest)
-    train, val = sign_splits([cfg.data.train, cfg.data.val], cfg, root, workers)
+    index, val = index_and_sign(cfg, root, workers)
     if not val.ids:
         return CheckResult("overlap", False, "validation split has no readable documents", {})
-    pairs, best = find_pairs(train, val, cfg, root)
+    candidates, best = index.candidates(val, p.overlap_jaccard - _PREFILTER)
+    pairs = confirm(candidates, cfg, root, workers)
     contaminated = sorted({q["val"] for q in pairs})
     fraction = len(contaminated) / len(val.ids)
     if plot_path is not None:
@@ -163,7 +189,7 @@ def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | 
                f"(Jaccard >= {p.overlap_jaccard}); limit {p.max_overlap_fraction:.2%}")
     return CheckResult("overlap", fraction <= p.max_overlap_fraction, message, {
         "contaminated_fraction": fraction, "contaminated": contaminated, "pairs": pairs,
-        "val_documents": len(val.ids), "train_documents": len(train.ids),
+        "val_documents": len(val.ids), "train_documents": len(index.ids),
         "jaccard_threshold": p.overlap_jaccard, "num_perm": p.num_perm, "shingle_words": p.shingle_words,
         "lsh_bands": b, "lsh_rows": r})
 
