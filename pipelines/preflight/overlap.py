@@ -25,7 +25,7 @@ from pipelines.documents import Record, file_format, records, split_files
 from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_set
 from pipelines.preflight.report import CheckResult
 
-_PREFILTER = 0.15                # confirm candidates with estimated J >= threshold - this
+_PREFILTER = 0.1                 # confirm candidates with estimated J >= threshold - this (~3 sigma at 128 perms)
 _BATCH_BYTES = 1 << 20           # bytes of documents hashed per numpy batch
 _EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
 
