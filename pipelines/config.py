@@ -83,6 +83,8 @@ class PackConfig(Section):
 
     seq_len: PositiveInt = 256
     shard_tokens: PositiveInt = Field(16_777_216, description="Tokens per numpy shard")
+    dtype: Literal["auto", "uint16", "uint32"] = Field(
+        "auto", description="Token dtype of the shards; auto = uint16 when the vocabulary fits")
 
 
 class ModelConfig(Section):

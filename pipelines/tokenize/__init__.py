@@ -1,15 +1,21 @@
-"""Tokenize-and-pack, cached by content.
+"""Tokenize-and-pack, cached by content at two levels.
 
-The cache key hashes the input files' sha256 (from the verified manifest), the tokenizer and
-pack settings and the format version; an unchanged input is never tokenized twice. Output goes
-to ``$TAXIWAY_HOME/cache/packed/<key>/`` through a staged folder and an atomic rename, so two
-runs packing the same key at once never see or leave a half-written dataset.
+1. The tokenizer: trained on the train split (cached by the train files' sha256 and the
+   tokenizer settings) or loaded from ``tokenizer.path``.
+2. Token streams per group of input files (``groups.py``): an unchanged group is never
+   tokenized again, so adding files to a corpus tokenizes only the groups they land in.
+
+The packed dataset's key hashes the group keys, the pack settings and the format version; a
+repeat run with the same inputs is a hit that tokenizes nothing. Every output is written to a
+staged folder and renamed into place, so two runs packing the same key at once never see or
+leave a half-written dataset (the second keeps the first's).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +27,10 @@ from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.paths import cache_dir
 from pipelines.tokenize import bpe
+from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 
-FORMAT_VERSION = 1
-_BATCH = 256
+log = logging.getLogger("taxiway.tokenize")
 
 
 @dataclass(frozen=True)
@@ -37,66 +43,93 @@ class Packed:
         return json.loads((self.path / "manifest.json").read_text())
 
 
-def cache_key(cfg: RunConfig) -> str:
-    entries = sorted((e.split, e.path, e.sha256) for e in manifest.read(cfg.data.manifest))
-    tok_file = bpe.file_sha256(cfg.tokenizer.path) if cfg.tokenizer.path else None
-    material = {
-        "format_version": FORMAT_VERSION, "files": entries, "data_format": cfg.data.format,
-        "tokenizer": cfg.tokenizer.model_dump(mode="json"), "tokenizer_file": tok_file,
-        "pack": cfg.pack.model_dump(mode="json"),
-    }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+def _split_refs(cfg: RunConfig, split: str, entries: list[manifest.Entry]) -> list[FileRef]:
+    root = manifest.root_of(cfg.data.manifest)
+    by_path = {root.join(e.path).path: e for e in entries if e.split == split}
+    refs = []
+    for loc in split_files(getattr(cfg.data, split)):
+        entry = by_path.get(loc.path)
+        if entry is None:  # preflight allowed an unlisted file: key it by content
+            refs.append(FileRef(loc.uri(), manifest.sha256_file(loc.path) if loc.local else "", loc))
+        else:
+            refs.append(FileRef(entry.path, entry.sha256, loc))
+    return refs
 
 
-def _texts(spec: str, fmt: str | None):
-    for path in split_files(spec):
-        for _, text in read_documents(path, fmt):
-            yield text
+def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
+    """``tokenizer.path`` if set, else a BPE trained on the train split (cached by content)."""
+    if cfg.tokenizer.path:
+        bpe.load(cfg.tokenizer.path, cfg.tokenizer.eos_token)  # fails clearly if it does not load
+        return Path(cfg.tokenizer.path)
+    material = [FORMAT_VERSION, cfg.tokenizer.model_dump(mode="json"), cfg.data.format,
+                sorted((f.path, f.sha256) for f in train)]
+    folder = cache_dir() / "tokenizers" / hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    if not (folder / "tokenizer.json").is_file():
+        texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
+        with atomic.staged_dir(folder) as stage:
+            bpe.train(texts, cfg.tokenizer).save(str(stage / "tokenizer.json"))
+    return folder / "tokenizer.json"
 
 
 def run(cfg: RunConfig, run_dir: Path | None = None) -> Packed:
-    key = cache_key(cfg)
+    started = time.perf_counter()
+    entries = manifest.read(cfg.data.manifest)
+    refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS}
+    tok_path = tokenizer_for(cfg, refs["train"])
+    tok_sha = bpe.file_sha256(tok_path)
+    tok = bpe.load(tok_path, cfg.tokenizer.eos_token)
+    dtype = dtype_for(tok.get_vocab_size(), cfg.pack.dtype)
+    groups = {split: split_groups(refs[split]) for split in manifest.SPLITS}
+    key = hashlib.sha256(json.dumps([
+        FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
+        {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()}]).encode()).hexdigest()[:32]
     final = cache_dir() / "packed" / key
     hit = (final / "manifest.json").is_file()
     if not hit:
         with atomic.staged_dir(final) as stage:
-            _build(cfg, key, stage)
+            _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started)
     packed = Packed(final, key, hit)
     if run_dir is not None:
         atomic.write_json(Path(run_dir) / "tokenize" / "packed.json",
-                          {"path": str(final), "key": key, "cache_hit": hit})
+                          {"path": str(final), "key": key, "cache_hit": hit,
+                           "seconds": round(time.perf_counter() - started, 3)})
     return packed
 
 
-def _build(cfg: RunConfig, key: str, out: Path) -> None:
-    started = time.perf_counter()
-    if cfg.tokenizer.path:
-        tok = bpe.load(cfg.tokenizer.path, cfg.tokenizer.eos_token)
-    else:
-        tok = bpe.train(_texts(cfg.data.train, cfg.data.format), cfg.tokenizer)
-    tok.save(str(out / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
-    dtype = dtype_for(vocab)
+def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: str, dtype: np.dtype,
+           groups: dict[str, list[list[FileRef]]], started: float) -> None:
     eos = tok.token_to_id(cfg.tokenizer.eos_token)
+    (out / "tokenizer.json").write_bytes(Path(tok_path).read_bytes())
     np.save(out / "token_bytes.npy", bpe.token_bytes(tok))
-    splits, chars = {}, 0
-    for split in manifest.SPLITS:
-        writer = SplitWriter(out / split, cfg.pack.seq_len, eos, dtype, cfg.pack.shard_tokens)
-        for texts in bpe.batched(_texts(getattr(cfg.data, split), cfg.data.format), _BATCH):
-            chars += sum(map(len, texts))
-            for enc in tok.encode_batch(texts, add_special_tokens=False):
-                writer.add(enc.ids)
+    splits, chars, reused, doc_tokens = {}, 0, 0, {}
+    for split, split_groups_ in groups.items():
+        writer = SplitWriter(out / split, cfg.pack.seq_len, dtype, cfg.pack.shard_tokens)
+        lengths = []
+        for group in split_groups_:
+            stream = tokenize_group(group, tok, tok_sha, eos, dtype, cfg.data.format, cache_dir())
+            writer.add_stream(np.asarray(stream.tokens), stream.starts)
+            lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
+            chars += stream.chars
+            reused += stream.cache_hit
         splits[split] = writer.close()
+        doc_tokens[split] = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
     if splits["val"]["windows"] == 0:
         raise ValueError(f"validation split packs into no window of {cfg.pack.seq_len + 1} tokens "
                          "(too little val text for pack.seq_len)")
     seconds = time.perf_counter() - started
     tokens = sum(s["tokens"] for s in splits.values())
+    edges = np.unique(np.geomspace(1, max(2, max((int(d.max()) for d in doc_tokens.values() if len(d)), default=2)), 13).astype(int))
     atomic.write_json(out / "manifest.json", {
         "format_version": FORMAT_VERSION, "key": key, "seq_len": cfg.pack.seq_len,
-        "dtype": dtype.name, "vocab_size": vocab, "eos_id": eos,
-        "tokenizer_sha256": bpe.file_sha256(out / "tokenizer.json"),
+        "dtype": dtype.name, "vocab_size": tok.get_vocab_size(), "eos_id": eos, "tokenizer_sha256": tok_sha,
         "splits": splits,
         "stats": {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9)),
-                  "chars_per_token": round(chars / max(1, tokens), 3)},
+                  "chars_per_token": round(chars / max(1, tokens), 3),
+                  "groups": sum(len(g) for g in groups.values()), "groups_reused": reused,
+                  "tokens_per_document": {s: {"mean": float(d.mean()) if len(d) else 0.0,
+                                              "histogram": {"edges": edges.tolist(),
+                                                            "counts": np.histogram(d, edges)[0].tolist()}}
+                                          for s, d in doc_tokens.items()}},
     })
+    log.info("packed %s: %d tokens in %.2f s (%d of %d token groups reused)", key, tokens, seconds, reused,
+             sum(len(g) for g in groups.values()))
