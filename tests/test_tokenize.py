@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import TINY
 from pipelines import manifest
@@ -99,3 +102,120 @@ def test_sampler_resume_matches_uninterrupted():
     assert got == expected
     other_rank = ShardedSampler(50, 4, rank=0, world_size=2, seed=7)
     assert not set(other_rank.next_indices()) & set(expected[0])
+
+
+def test_adding_files_tokenizes_only_their_groups(corpus: Path, tmp_path: Path):
+    from pipelines import tokenize
+
+    tok = tokenize.run(_cfg(corpus)).path / "tokenizer.json"
+    shutil.copyfile(tok, tmp_path / "fixed-tokenizer.json")      # incremental runs keep the tokenizer
+    first = tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
+    assert first.manifest()["stats"]["groups_reused"] == 0
+    (corpus / "train" / "new.txt").write_text("def brand_new():\n    return 'fresh text'\n")
+    manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
+    second = tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
+    stats = second.manifest()["stats"]
+    assert second.key != first.key
+    assert stats["groups_reused"] == stats["groups"] - 1, stats
+
+
+def test_two_processes_packing_the_same_key(corpus: Path):
+    """Both succeed with the same dataset; no temp folders are left in the cache."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json; from pipelines.config import load_config; from pipelines import tokenize; "
+            "cfg = load_config(sys.argv[1], sys.argv[2:]); p = tokenize.run(cfg); "
+            "print(json.dumps([str(p.path), p.key]))")
+    args = [str(TINY), f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}",
+            f"data.manifest={corpus / 'manifest.jsonl'}", "tokenizer.vocab_size=300", "pack.seq_len=16"]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=os.environ) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert results[0] == results[1]
+    cache = Path(os.environ["TAXIWAY_HOME"]) / "cache"
+    assert not [p for p in cache.rglob("*.tmp")], "a staged folder was left behind"
+    packed = Path(results[0][0])
+    m = json.loads((packed / "manifest.json").read_text())
+    for shard in m["splits"]["train"]["shards"]:
+        assert manifest.sha256_file(packed / shard["path"]) == shard["sha256"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80),
+                     min_size=1, max_size=30),
+       seq_len=st.integers(1, 40))
+def test_pack_round_trip_property(docs: list[str], seq_len: int, tmp_path: Path):
+    """Any documents, any seq_len: the packed stream is exactly the encoded documents joined by
+    EOS, minus a tail shorter than one window, and the boundary index marks every start."""
+    from tokenizers import Tokenizer
+
+    from pipelines.tokenize.groups import _encode
+    from pipelines.tokenize.pack import SplitWriter
+
+    tok = Tokenizer.from_file(str(_tokenizer_file()))
+    eos = tok.token_to_id("<|endoftext|>")
+    tokens, starts = _encode(docs, tok, eos, np.dtype(np.uint16))
+    folder = tmp_path / f"p{seq_len}-{len(docs)}"
+    writer = SplitWriter(folder, seq_len, np.dtype(np.uint16), shard_tokens=3 * (seq_len + 1))
+    writer.add_stream(tokens[: starts[len(starts) // 2]] if len(starts) > 1 else tokens[:0], starts[: len(starts) // 2])
+    writer.add_stream(tokens[starts[len(starts) // 2]:] if len(starts) > 1 else tokens,
+                      starts[len(starts) // 2:] - (starts[len(starts) // 2] if len(starts) > 1 else 0))
+    info = writer.close()
+    stream = np.concatenate([np.load(folder.parent / s["path"]) for s in info["shards"]]) if info["shards"] else np.empty(0)
+    assert len(stream) % (seq_len + 1) == 0 and len(stream) + info["dropped_tokens"] == len(tokens)
+    assert np.array_equal(stream, tokens[: len(stream)])
+    pieces = np.split(tokens, np.flatnonzero(tokens == eos) + 1)[:-1]
+    assert [tok.decode(p[:-1].tolist()) for p in pieces] == docs
+    offset, marked = 0, []
+    for s in info["shards"]:
+        marked += (np.load(folder.parent / s["docs"]) + offset).tolist()
+        offset += s["tokens"]
+    assert marked == [int(x) for x in starts if x < len(stream)]
+
+
+_TOKENIZER: list[Path] = []
+
+
+def _tokenizer_file() -> Path:
+    """A small byte-level BPE trained once per session (all 256 bytes are in its alphabet)."""
+    if not _TOKENIZER:
+        import tempfile
+
+        from pipelines.config import TokenizerConfig
+        from pipelines.tokenize import bpe
+
+        path = Path(tempfile.mkdtemp()) / "tokenizer.json"
+        bpe.train([d for docs in DOCS.values() for d in docs], TokenizerConfig(vocab_size=300)).save(str(path))
+        _TOKENIZER.append(path)
+    return _TOKENIZER[0]
+
+
+def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
+    import os
+
+    from pipelines import tokenize
+    from pipelines.documents import DocumentError
+    from pipelines.tokenize.bpe import TokenizerError
+
+    cache = Path(os.environ["TAXIWAY_HOME"]) / "cache"
+    (tmp_path / "broken.json").write_text("{not a tokenizer")
+    with pytest.raises(TokenizerError, match=r"broken.json: tokenizer does not load"):
+        tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'broken.json'}"))
+    with pytest.raises(ValueError, match=r"pack.dtype: vocabulary of \d+ tokens does not fit uint16"):
+        big = _tokenizer_file()
+        from tokenizers import Tokenizer
+
+        t = Tokenizer.from_file(str(big))
+        t.add_tokens([f"<extra{i}>" for i in range(70_000)])
+        t.save(str(tmp_path / "big.json"))
+        tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'big.json'}", "pack.dtype=uint16"))
+    (corpus / "train" / "005.txt").write_bytes(b"\xff\xfe broken utf-8")
+    manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
+    with pytest.raises(DocumentError, match=r"train/005.txt: invalid UTF-8"):
+        tokenize.run(_cfg(corpus))
+    assert not [p for p in cache.rglob("*.tmp")]
+    assert not (cache / "packed").exists() or not any((cache / "packed").iterdir())
