@@ -107,7 +107,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         lengths = []
         for group in split_groups_:
             stream = tokenize_group(group, tok, tok_sha, eos, dtype, cfg.data.format, cache_dir())
-            writer.add_stream(np.asarray(stream.tokens), stream.starts)
+            writer.add_stream(stream.tokens, stream.starts)
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
             chars += stream.chars
             reused += stream.cache_hit

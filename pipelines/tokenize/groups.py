@@ -71,7 +71,7 @@ def tokenize_group(group: list[FileRef], tok, tokenizer_sha256: str, eos: int, d
     folder = cache_root / "tokens" / group_key(group, tokenizer_sha256, data_format, dtype)
     if (folder / "meta.json").is_file():
         meta = json.loads((folder / "meta.json").read_text())
-        return Stream(np.load(folder / "tokens.npy", mmap_mode="r"), np.load(folder / "starts.npy"),
+        return Stream(np.load(folder / "tokens.npy"), np.load(folder / "starts.npy"),
                       meta["chars"], True)
     parts, starts, offset, chars, batch = [], [], 0, 0, []
 
