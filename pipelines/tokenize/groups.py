@@ -22,7 +22,8 @@ from pipelines.documents import read_documents
 
 FORMAT_VERSION = 1
 _SPREAD = 32          # about 32 files per group
-_BATCH_DOCS = 512     # documents per encode_batch call
+_BATCH_DOCS = 512     # documents per encode_batch call, at most ...
+_BATCH_CHARS = 1 << 20  # ... and about this much text: Python id lists cost ~36 B per token
 
 
 @dataclass(frozen=True)
@@ -73,21 +74,23 @@ def tokenize_group(group: list[FileRef], tok, tokenizer_sha256: str, eos: int, d
         meta = json.loads((folder / "meta.json").read_text())
         return Stream(np.load(folder / "tokens.npy"), np.load(folder / "starts.npy"),
                       meta["chars"], True)
-    parts, starts, offset, chars, batch = [], [], 0, 0, []
+    parts, starts, offset, chars, batch, pending = [], [], 0, 0, [], 0
 
     def flush() -> None:
-        nonlocal offset
+        nonlocal offset, pending
         tokens, doc_starts = _encode(batch, tok, eos, dtype)
         parts.append(tokens)
         starts.append(doc_starts + offset)
         offset += len(tokens)
         batch.clear()
+        pending = 0
 
     for ref in group:
         for _, text in read_documents(ref.loc, data_format):
             batch.append(text)
             chars += len(text)
-            if len(batch) == _BATCH_DOCS:
+            pending += len(text)
+            if len(batch) == _BATCH_DOCS or pending >= _BATCH_CHARS:
                 flush()
     if batch:
         flush()
