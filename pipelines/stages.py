@@ -55,11 +55,29 @@ def preflight(cfg: RunConfig, run_dir: Path):
 
 
 def tokenize(cfg: RunConfig, run_dir: Path):
-    """Packs the data the preflight gate let through (its decontaminated val split, if any)."""
+    """Packs the data the preflight gate let through (its decontaminated val split, if any),
+    with the parent model's tokenizer when training continues from a parent."""
     from pipelines import tokenize as tk
     from pipelines.preflight.decontaminate import effective_data
 
-    return tk.run(effective_data(cfg, run_dir), run_dir)
+    cfg = effective_data(cfg, run_dir)
+    parent = parent_weights(cfg, run_dir / "parent")
+    if parent is not None:
+        cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
+            update={"path": str(parent_tokenizer(cfg, parent))})})
+    return tk.run(cfg, run_dir)
+
+
+def parent_tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
+    """The parent's tokenizer; an explicit ``tokenizer.path`` that differs from it is refused."""
+    from pipelines.tokenize import bpe
+
+    theirs = _require(parent_dir / "tokenizer.json", "register (the parent has no tokenizer.json)")
+    if cfg.tokenizer.path and bpe.file_sha256(cfg.tokenizer.path) != bpe.file_sha256(theirs):
+        raise ValueError(f"tokenizer.path {cfg.tokenizer.path} differs from the parent model's tokenizer "
+                         f"({cfg.parent}, sha256 {bpe.file_sha256(theirs)[:12]}…): continued training must keep "
+                         "the parent's vocabulary; unset tokenizer.path")
+    return theirs
 
 
 def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:

@@ -219,3 +219,19 @@ def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
         tokenize.run(_cfg(corpus))
     assert not [p for p in cache.rglob("*.tmp")]
     assert not (cache / "packed").exists() or not any((cache / "packed").iterdir())
+
+
+def test_parent_tokenizer_is_kept_and_a_mismatch_refused(corpus: Path, tmp_path: Path):
+    from pipelines.stages import parent_tokenizer
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    shutil.copyfile(_tokenizer_file(), parent / "tokenizer.json")
+    assert parent_tokenizer(_cfg(corpus, "parent=models:/m/1"), parent) == parent / "tokenizer.json"
+    same = tmp_path / "same.json"
+    shutil.copyfile(_tokenizer_file(), same)
+    assert parent_tokenizer(_cfg(corpus, "parent=models:/m/1", f"tokenizer.path={same}"), parent)
+    other = tmp_path / "other.json"
+    other.write_text(_tokenizer_file().read_text().replace("<|endoftext|>", "<|eot|>"))
+    with pytest.raises(ValueError, match=r"other.json differs from the parent model's tokenizer \(models:/m/1"):
+        parent_tokenizer(_cfg(corpus, "parent=models:/m/1", f"tokenizer.path={other}"), parent)
