@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import TINY
@@ -40,13 +41,12 @@ def _cfg(corpus: Path, *extra: str):
 
 
 def test_round_trip_and_boundaries(corpus: Path):
-    from tokenizers import Tokenizer
-
     from pipelines import tokenize
+    from pipelines.tokenize.bpe import load
 
     packed = tokenize.run(_cfg(corpus))
     m = packed.manifest()
-    tok = Tokenizer.from_file(str(packed.path / "tokenizer.json"))
+    tok = load(packed.path / "tokenizer.json", "<|endoftext|>")
     eos = m["eos_id"]
     for split, docs in DOCS.items():
         stream = np.concatenate([np.load(packed.path / s["path"]) for s in m["splits"][split]["shards"]])
@@ -144,19 +144,20 @@ def test_two_processes_packing_the_same_key(corpus: Path):
         assert manifest.sha256_file(packed / shard["path"]) == shard["sha256"]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("TAXIWAY_HYPOTHESIS_EXAMPLES", "25")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80),
                      min_size=1, max_size=30),
        seq_len=st.integers(1, 40))
+@example(docs=["a <|endoftext|> inside a document is text, not a boundary"], seq_len=3)
 def test_pack_round_trip_property(docs: list[str], seq_len: int, tmp_path: Path):
     """Any documents, any seq_len: the packed stream is exactly the encoded documents joined by
     EOS, minus a tail shorter than one window, and the boundary index marks every start."""
-    from tokenizers import Tokenizer
-
+    from pipelines.tokenize.bpe import load
     from pipelines.tokenize.groups import _encode
     from pipelines.tokenize.pack import SplitWriter
 
-    tok = Tokenizer.from_file(str(_tokenizer_file()))
+    tok = load(_tokenizer_file(), "<|endoftext|>")
     eos = tok.token_to_id("<|endoftext|>")
     tokens, starts = _encode(docs, tok, eos, np.dtype(np.uint16))
     folder = tmp_path / f"p{seq_len}-{len(docs)}"

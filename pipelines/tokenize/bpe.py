@@ -30,6 +30,7 @@ def train(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None)
         special_tokens=[cfg.eos_token], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False)
     tok.train_from_iterator(texts, trainer, length=length)
+    tok.encode_special_tokens = True
     return tok
 
 
@@ -42,6 +43,7 @@ def load(path: str | Path, eos_token: str):
         raise TokenizerError(f"{path}: tokenizer does not load ({exc})") from None
     if tok.token_to_id(eos_token) is None:
         raise TokenizerError(f"{path}: tokenizer has no token {eos_token!r} (tokenizer.eos_token)")
+    tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, never a boundary
     return tok
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from pipelines import atomic, storage
 from pipelines.documents import read_documents
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: special-token text inside documents is encoded as text
 _SPREAD = 32          # about 32 files per group
 _BATCH_DOCS = 512     # documents per encode_batch call, at most ...
 _BATCH_CHARS = 1 << 20  # ... and about this much text: Python id lists cost ~36 B per token
