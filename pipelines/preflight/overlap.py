@@ -139,6 +139,24 @@ class TrainIndex:
         return out, best
 
 
+class _Inline:
+    """``workers=1`` means one core: run the jobs lazily in the calling thread, interleaved with it."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    @staticmethod
+    def map(fn, items):
+        return map(fn, items)
+
+
+def _pool(workers: int):
+    return _Inline() if workers <= 1 else ThreadPoolExecutor(max_workers=workers)
+
+
 def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tuple[TrainIndex, Signed]:
     """Sign train then val batches on ``workers`` threads (numpy releases the GIL); the main
     thread indexes each train batch as it arrives, while the threads compute the next ones."""
@@ -147,7 +165,7 @@ def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tupl
     train_batches = _batches(split_files(cfg.data.train))
     val_batches = _batches(split_files(cfg.data.val))
     index = TrainIndex(cfg)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with _pool(workers) as pool:
         results = pool.map(lambda b: _sign_batch(b, cfg.data.format, hasher, root), train_batches + val_batches)
         for _ in train_batches:
             index.add(*next(results))
@@ -161,7 +179,7 @@ def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: stor
     """Keep the candidates whose exact shingle Jaccard reaches the threshold."""
     p = cfg.preflight
     texts = _texts({k for t, v, _ in candidates for k in (t, v)}, root, cfg.data.format)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with _pool(workers) as pool:
         shingles = dict(zip(texts, pool.map(lambda t: shingle_set(t, p.shingle_words), texts.values()), strict=True))
     pairs = []
     for t, v, e in candidates:
