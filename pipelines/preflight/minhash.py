@@ -20,6 +20,7 @@ candidate probability is 0.947 at J=0.8, 0.994 at J=0.85 and 0.24 at J=0.6.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -113,19 +114,30 @@ class MinHasher:
         self.num_perm, self.shingle_words = num_perm, shingle_words
         self.a = (rng.integers(0, 2**32, num_perm, dtype=np.uint64) | _U64(1)).astype(np.uint32)[:, None]
         self.b = rng.integers(0, 2**32, num_perm, dtype=np.uint64).astype(np.uint32)[:, None]
+        self._local = threading.local()
 
     def signatures(self, texts: list[bytes]) -> np.ndarray:
         """(len(texts), num_perm) uint32 minima; documents without shingles get all-max rows."""
         out = np.full((len(texts), self.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
         sh, doc = batch_shingles(texts, self.shingle_words)
+        buf = self._buffer()
         for lo in range(0, len(sh), _CHUNK_SHINGLES):
             part, part_doc = sh[lo:lo + _CHUNK_SHINGLES], doc[lo:lo + _CHUNK_SHINGLES]
             seg = np.flatnonzero(np.diff(part_doc, prepend=-1))
-            values = self.a * part[None, :]
+            values = buf[:, :len(part)]
+            np.multiply(self.a, part[None, :], out=values)
             values += self.b
             ids = part_doc[seg]
             out[ids] = np.minimum(out[ids], np.minimum.reduceat(values, seg, axis=1).T)
         return out
+
+    def _buffer(self) -> np.ndarray:
+        """One permutation matrix per thread, reused: allocating 8 MiB per chunk means fresh
+        pages (page faults, unmaps) every time, which serializes threads in the kernel."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = np.empty((self.num_perm, _CHUNK_SHINGLES), dtype=np.uint32)
+        return buf
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
