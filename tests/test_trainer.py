@@ -102,3 +102,37 @@ def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
     spec.write_text(json.dumps(raw))
     with pytest.raises(RuntimeError, match="exited with code"):
         local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
+
+
+def test_sigterm_checkpoints_and_exits_canceled(packed, tmp_path: Path):
+    """Eviction or cancel: finish the step, save a checkpoint, state 'canceled', exit 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg, path = packed
+    run_dir = tmp_path / "cancel"
+    spec = write_trainer_spec(cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 100_000})}),
+                              run_dir, path)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "--spec", str(spec)], env=os.environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    status_file = run_dir / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if status_file.exists():
+            status = json.loads(status_file.read_text())
+            if status["state"] == "running" and status["step"] >= 2:
+                break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError(f"trainer did not start: {proc.communicate()[0].decode()[-2000:]}")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out.decode()[-2000:]
+    status = json.loads(status_file.read_text())
+    assert status["state"] == "canceled"
+    newest = checkpoint.latest_valid(run_dir / "checkpoints")
+    assert newest is not None and newest.name == f"step-{status['step']:08d}"
