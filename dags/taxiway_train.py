@@ -34,7 +34,7 @@ with DAG(
         tasks.tokenize.override(task_id="pack")(run)
 
     with TaskGroup("train") as train:
-        tasks.train.override(task_id="gang")(run)
+        tasks.smoke.override(task_id="smoke")(run) >> tasks.train.override(task_id="gang")(run)
 
     with TaskGroup("evaluate") as evaluate:
         tasks.evaluate.override(task_id="score")(run)

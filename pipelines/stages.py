@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -86,6 +87,25 @@ def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:
     from pipelines import registry
 
     return registry.download(registry.resolve_version(cfg.parent), dest)
+
+
+def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
+    """The trainer's ``--smoke`` on one process: config and code errors fail here in seconds,
+    before a gang of nodes is scheduled."""
+    import subprocess
+    import sys
+
+    from pipelines.launch.spec import write_trainer_spec
+
+    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    packed = Path(lineage.packed_info(run_dir)["path"])
+    spec = write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent"))
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(spec), "--smoke"], capture_output=True,
+                          text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"trainer smoke test failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return json.loads(lines[-1])
 
 
 def train(cfg: RunConfig, run_dir: Path, on_poll: Callable[[], None] | None = None) -> Path:

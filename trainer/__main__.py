@@ -1,10 +1,19 @@
-"""``python -m trainer --spec SPEC.json`` — run under torchrun, one process per rank."""
+"""``python -m trainer --spec SPEC.json [--smoke]`` — run under torchrun, one process per rank.
+
+``--smoke`` runs in seconds on one process before any gang is scheduled: 2 steps with a
+checkpoint each, then a resume to step 3, in ``<run>/train/smoke/`` (the real run folder is
+not touched); it fails when the loss is not finite or the resume did not happen.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
+import math
 import os
+import shutil
 import sys
 import time
 
@@ -24,9 +33,27 @@ def _logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     parser.add_argument("--spec", required=True, help="train spec JSON written by the launcher")
+    parser.add_argument("--smoke", action="store_true", help="a few steps, save, resume, check the loss")
     args = parser.parse_args(argv)
     _logging()
-    return train(TrainSpec.load(args.spec))
+    spec = TrainSpec.load(args.spec)
+    return smoke(spec) if args.smoke else train(spec)
+
+
+def smoke(spec: TrainSpec) -> int:
+    folder = spec.run_dir / "train" / "smoke"
+    shutil.rmtree(folder, ignore_errors=True)
+    base = {**spec.train, "warmup_steps": 1, "log_every": 1}
+    ckpt = {"every_steps": 1, "keep_last_n": 2}
+    for steps in (2, 3):  # the second call must resume from the first call's step-2 checkpoint
+        code = train(dataclasses.replace(spec, run_dir=folder, train={**base, "steps": steps}, checkpoint=ckpt))
+        if code != 0:
+            return code
+    status = json.loads((folder / "status.json").read_text())
+    ok = (status["state"] == "succeeded" and status["step"] == 3 and status["restarts"] == 1
+          and status["loss"] is not None and math.isfinite(status["loss"]))
+    print(json.dumps({"smoke": "passed" if ok else "failed", **status}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -82,6 +82,17 @@ def tokenize(run: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(packed.path), "key": packed.key, "cache_hit": packed.cache_hit}
 
 
+@task(retries=0)
+def smoke(run: dict[str, Any]) -> dict[str, Any]:
+    """One process, a few steps, save, resume: fails in seconds before the gang is scheduled."""
+    from pipelines import stages
+
+    run_dir = _run_dir(run)
+    result = stages.smoke(stages.load_run_config(run_dir), run_dir)
+    log.info("smoke passed: step %s, loss %s", result["step"], result["loss"])
+    return {"loss": result["loss"]}
+
+
 @task(retries=1)
 def train(run: dict[str, Any]) -> dict[str, Any]:
     """Local gang of torchrun nodes; a retry resumes from the newest valid checkpoint."""
