@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,12 +69,24 @@ def resolve_version(uri: str):
 
 
 def download(mv, dest: Path) -> Path:
-    """The version's model folder, downloaded from its run's artifacts."""
+    """The version's model folder, ``dest/<name>-v<version>``: downloaded once into a staging
+    folder and renamed, so a retried task reuses a complete copy and never a partial one."""
     import mlflow
 
+    final = dest / f"{mv.name}-v{mv.version}"
+    if (final / "model.safetensors").is_file():
+        return final
     dest.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest),
-                                                    tracking_uri=mlflow_tracking_uri()))
+    tmp = Path(tempfile.mkdtemp(prefix=".download.", dir=dest))
+    try:
+        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp),
+                                                       tracking_uri=mlflow_tracking_uri()))
+        if not (got / "model.safetensors").is_file():
+            raise LookupError(f"models:/{mv.name}/{mv.version}: no model.safetensors in {mv.source}")
+        os.rename(got, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def resolve_baseline(cfg: RunConfig, dest: Path) -> Baseline | None:

@@ -89,17 +89,22 @@ def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:
     return registry.download(registry.resolve_version(cfg.parent), dest)
 
 
+def _trainer_spec(cfg: RunConfig, run_dir: Path) -> tuple[Path, Path]:
+    """``<run>/train/spec.json`` for the packed data (and parent weights), and the packed folder."""
+    from pipelines.launch.spec import write_trainer_spec
+
+    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    packed = Path(lineage.packed_info(run_dir)["path"])
+    return write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent")), packed
+
+
 def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
     """The trainer's ``--smoke`` on one process: config and code errors fail here in seconds,
     before a gang of nodes is scheduled."""
     import subprocess
     import sys
 
-    from pipelines.launch.spec import write_trainer_spec
-
-    _require(run_dir / "tokenize" / "packed.json", "tokenize")
-    packed = Path(lineage.packed_info(run_dir)["path"])
-    spec = write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent"))
+    spec, _ = _trainer_spec(cfg, run_dir)
     proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(spec), "--smoke"], capture_output=True,
                           text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = proc.stdout.strip().splitlines()
@@ -111,11 +116,9 @@ def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, 
 def train(cfg: RunConfig, run_dir: Path, on_poll: Callable[[], None] | None = None) -> Path:
     """Run the trainer as a local gang; returns the exported model folder."""
     from pipelines.launch import local
-    from pipelines.launch.spec import launch_spec, write_trainer_spec
+    from pipelines.launch.spec import launch_spec
 
-    _require(run_dir / "tokenize" / "packed.json", "tokenize")
-    packed = Path(lineage.packed_info(run_dir)["path"])
-    spec = write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent"))
+    spec, packed = _trainer_spec(cfg, run_dir)
     local.run(launch_spec(cfg, run_dir, spec), on_poll=on_poll)
     model_dir = run_dir / "model"
     _require(model_dir / "model.safetensors", "train")
@@ -145,6 +148,7 @@ def evaluate(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     from eval.score import score
     from pipelines import registry
     from pipelines import tokenize as tk
+    from pipelines.preflight.decontaminate import effective_data
     from pipelines.tokenize import bpe
     from trainer import weights
     from trainer.model import GPT
@@ -162,9 +166,11 @@ def evaluate(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         model, _ = weights.load(baseline.folder)
         base_packed = packed
         if bpe.file_sha256(baseline.folder / "tokenizer.json") != bpe.file_sha256(packed / "tokenizer.json"):
-            other = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
+            # the same (possibly decontaminated) val text, packed with the baseline's own tokenizer
+            data = effective_data(cfg, run_dir)
+            other = data.model_copy(update={"tokenizer": data.tokenizer.model_copy(
                 update={"path": str(baseline.folder / "tokenizer.json")})})
-            base_packed = tk.run(other).path
+            base_packed = tk.run(other, splits=("val",)).path
         base = score(model, base_packed, "val", e.batch_size, e.max_batches)
         info = {"kind": baseline.kind, "uri": baseline.uri, "version": baseline.version}
     decision = gate.decide(cand, base, e.min_improvement)

@@ -236,3 +236,14 @@ def test_parent_tokenizer_is_kept_and_a_mismatch_refused(corpus: Path, tmp_path:
     other.write_text(_tokenizer_file().read_text().replace("<|endoftext|>", "<|eot|>"))
     with pytest.raises(ValueError, match=r"other.json differs from the parent model's tokenizer \(models:/m/1"):
         parent_tokenizer(_cfg(corpus, "parent=models:/m/1", f"tokenizer.path={other}"), parent)
+
+
+def test_val_only_packing_with_a_given_tokenizer(corpus: Path):
+    """What evaluation needs for a baseline with another tokenizer: val packed, train untouched."""
+    from pipelines import tokenize
+
+    both = tokenize.run(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"))
+    val = tokenize.run(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), splits=("val",))
+    assert val.key != both.key
+    assert set(val.manifest()["splits"]) == {"val"}
+    assert val.manifest()["splits"]["val"]["tokens"] == both.manifest()["splits"]["val"]["tokens"]

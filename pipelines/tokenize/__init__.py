@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import atomic, manifest
+from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.paths import cache_dir
@@ -50,7 +50,7 @@ def _split_refs(cfg: RunConfig, split: str, entries: list[manifest.Entry]) -> li
     for loc in split_files(getattr(cfg.data, split)):
         entry = by_path.get(loc.path)
         if entry is None:  # preflight allowed an unlisted file: key it by content
-            refs.append(FileRef(loc.uri(), manifest.sha256_file(loc.path) if loc.local else "", loc))
+            refs.append(FileRef(loc.uri(), storage.sha256(loc), loc))
         else:
             refs.append(FileRef(entry.path, entry.sha256, loc))
     return refs
@@ -59,7 +59,6 @@ def _split_refs(cfg: RunConfig, split: str, entries: list[manifest.Entry]) -> li
 def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     """``tokenizer.path`` if set, else a BPE trained on the train split (cached by content)."""
     if cfg.tokenizer.path:
-        bpe.load(cfg.tokenizer.path, cfg.tokenizer.eos_token)  # fails clearly if it does not load
         return Path(cfg.tokenizer.path)
     material = [FORMAT_VERSION, cfg.tokenizer.model_dump(mode="json"), cfg.data.format,
                 sorted((f.path, f.sha256) for f in train)]
@@ -71,15 +70,17 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     return folder / "tokenizer.json"
 
 
-def run(cfg: RunConfig, run_dir: Path | None = None) -> Packed:
+def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS) -> Packed:
+    """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val)."""
     started = time.perf_counter()
     entries = manifest.read(cfg.data.manifest)
-    refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS}
-    tok_path = tokenizer_for(cfg, refs["train"])
+    refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS if split in splits
+            or (split == "train" and not cfg.tokenizer.path)}
+    tok_path = tokenizer_for(cfg, refs.get("train", []))
     tok_sha = bpe.file_sha256(tok_path)
     tok = bpe.load(tok_path, cfg.tokenizer.eos_token)
     dtype = dtype_for(tok.get_vocab_size(), cfg.pack.dtype)
-    groups = {split: split_groups(refs[split]) for split in manifest.SPLITS}
+    groups = {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits}
     key = hashlib.sha256(json.dumps([
         FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
         {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()}]).encode()).hexdigest()[:32]

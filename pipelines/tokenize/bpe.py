@@ -7,7 +7,7 @@ byte length of each token is known exactly; evaluation uses that for bits per by
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +60,3 @@ def token_bytes(tok) -> np.ndarray:
         out[idx] = 0 if token in special else len(token)
     return out
 
-
-def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
