@@ -188,7 +188,7 @@ def accuracy(data: Path, reported: list[tuple[str, str]], sample: int, seed: int
     must = {p for p, j in truth.items() if j >= THRESHOLD + 0.05}
     false = {p for p in got if truth.get(p, 0.0) <= THRESHOLD - 0.1}
     return {"val_sampled": len(chosen), "true_pairs_j_ge_0.85": len(must), "found_of_those": len(must & got),
-            "recall": len(must & got) / max(1, len(must)), "reported": len(got), "false_j_le_0.7": len(false),
+            "recall": len(must & got) / len(must) if must else None, "reported": len(got), "false_j_le_0.7": len(false),
             "precision": 1 - len(false) / max(1, len(got))}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
 log = logging.getLogger("taxiway.progress")
@@ -14,6 +15,7 @@ class Progress:
     def __init__(self, total: int, desc: str, unit: str = "B", every_s: float = 5.0) -> None:
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.done = 0
+        self._lock = threading.Lock()  # updated from hashing threads
         self._started = self._last = time.monotonic()
         self._bar = None
         if sys.stderr.isatty():
@@ -22,12 +24,14 @@ class Progress:
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False)
 
     def update(self, n: int) -> None:
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(n)
-            return
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
+        with self._lock:
+            self.done += n
+            if self._bar is not None:
+                self._bar.update(n)
+                return
+            now = time.monotonic()
+            if now - self._last < self.every_s:
+                return
             self._last = now
             rate = self.done / max(now - self._started, 1e-9)
             log.info("%s: %.0f%% (%d/%d %s, %.1f M%s/s)", self.desc, 100 * self.done / max(self.total, 1),

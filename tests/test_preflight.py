@@ -281,3 +281,14 @@ def test_manifest_on_memory_filesystem(data: Path, tmp_path: Path):
     mem.pipe_file("/corpus/val/d001.txt", b"changed")
     _failed(preflight.run(cfg, tmp_path / "run2"), "manifest", "val/d001.txt")
     mem.rm("/corpus", recursive=True)
+
+
+def test_decontaminate_drops_every_val_copy_of_a_train_document(data: Path, tmp_path: Path):
+    for name in ("copy1.txt", "copy2.txt"):  # the second copy is also a within-val duplicate of the first
+        shutil.copyfile(data / "train" / "d003.txt", data / "val" / name)
+    _relist(data)
+    report = preflight.run(_cfg(data, "preflight.action=decontaminate"), tmp_path / "run")
+    assert report.passed, report.summary()
+    assert {"val/copy1.txt", "val/copy2.txt"} <= set(report.decontamination["dropped"])
+    clean_val = {p.name for p in (tmp_path / "run" / "preflight" / "clean" / "val").iterdir()}
+    assert not {"copy1.txt", "copy2.txt"} & clean_val

@@ -51,19 +51,27 @@ def _load(run_dir: Path) -> dict[str, CheckResult]:
     return out
 
 
+def _within_ok_after_drop(cfg: RunConfig, d: dict) -> bool:
+    """Within-split duplicate fractions once the val copies of train documents are gone."""
+    if not d:
+        return False
+    val_left = d["documents"]["val"] - d["across_count"]
+    fractions = {"train": d["fractions"]["train"],
+                 "val": (d["within_counts"]["val"] - d["within_val_of_train"]) / max(1, val_left)}
+    return all(f <= cfg.preflight.max_duplicate_fraction for f in fractions.values())
+
+
 def _decontaminate(cfg: RunConfig, run_dir: Path, results: dict[str, CheckResult]) -> dict | None:
     """With ``action: decontaminate``, contamination alone no longer fails the gate: the val
     documents that overlap train (near or exact) are dropped and the checks re-judged."""
     overlap, dups = results["overlap"], results["duplicates"]
-    within_ok = all(f <= cfg.preflight.max_duplicate_fraction for f in dups.details.get("fractions", {}).values())
+    within_ok = _within_ok_after_drop(cfg, dups.details)
     others_ok = all(r.passed for n, r in results.items() if n not in ("overlap", "duplicates"))
     if cfg.preflight.action != "decontaminate" or not others_ok or not within_ok or overlap.details == {}:
         return None
     if overlap.passed and dups.passed:
         return None
     drop = set(overlap.details.get("contaminated", [])) | {a["val"] for a in dups.details.get("across", [])}
-    if dups.details.get("across_count", 0) > len(dups.details.get("across", [])):
-        return None  # more exact copies than the report lists: refuse to drop a partial set
     effective = decontaminate(cfg, run_dir, drop)
     note = f"decontaminated: dropped {len(drop)} val document(s); continuing with {effective['val']}"
     for name in ("overlap", "duplicates"):

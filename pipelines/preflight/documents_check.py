@@ -84,16 +84,13 @@ def _failures(result: dict[str, Any], counts: dict[str, int]) -> list[str]:
         cfg = r["expectation_config"]
         column = cfg["kwargs"].get("column")
         res = r.get("result", {})
-        bad = [row.get("doc_id") for row in res.get("unexpected_index_list") or []]
-        values = res.get("partial_unexpected_list") or []
-        if cfg["type"] == "expect_column_values_to_be_null":
-            named = [f"{row['doc_id']} ({row['problem']})" for row in res.get("unexpected_index_list") or []]
-        elif cfg["type"] == "expect_column_distinct_values_to_contain_set":
+        rows = res.get("unexpected_index_list") or []   # each row: doc_id and the offending column's value
+        if cfg["type"] == "expect_column_distinct_values_to_contain_set":
             named = [f"split(s) with no documents: {[s for s, n in counts.items() if n == 0]}"]
-        elif bad:
-            named = [f"{d} ({column}={v})" for d, v in zip(bad, values or [None] * len(bad), strict=False)]
+        elif column == "doc_id":
+            named = [str(row["doc_id"]) for row in rows]
         else:
-            named = [str(v) for v in values]
+            named = [f"{row['doc_id']} ({column}={row.get(column)})" for row in rows]
         more = f" and {len(named) - _MAX_NAMED} more" if len(named) > _MAX_NAMED else ""
         out.append(f"{cfg['type']}({column}): {', '.join(named[:_MAX_NAMED])}{more}")
     return out

@@ -2,7 +2,8 @@
 
 Normalization: Unicode NFKC, lower case, runs of whitespace collapsed — so a copy that differs
 only in case or spacing still counts. A duplicate is a document whose hash an earlier document
-(in file order) already had; the first copy is not counted.
+(in file order) already had; the first copy is not counted. Across splits every val copy of a
+train document is listed (decontamination drops them all).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def check_duplicates(cfg: RunConfig) -> CheckResult:
     first: dict[str, dict[str, str]] = {s: {} for s in manifest.SPLITS}
     within: dict[str, list[dict[str, str]]] = {s: [] for s in manifest.SPLITS}
     totals = {s: 0 for s in manifest.SPLITS}
+    across: list[dict[str, str]] = []   # every val document that copies a train document, repeats included
+    within_val_of_train = 0             # within-val duplicates that also copy train (decontamination drops them)
     for split in manifest.SPLITS:
         for loc in split_files(getattr(cfg.data, split)):
             fkey = file_key(loc, root)
@@ -39,11 +42,14 @@ def check_duplicates(cfg: RunConfig) -> CheckResult:
                     continue
                 totals[split] += 1
                 key, digest = record_key(rec, fkey), normalized_hash(rec.text)
+                copies_train = split == "val" and digest in first["train"]  # train is complete by now
+                if copies_train:
+                    across.append({"val": key, "train": first["train"][digest]})
                 if digest in first[split]:
                     within[split].append({"doc": key, "duplicate_of": first[split][digest]})
+                    within_val_of_train += copies_train
                 else:
                     first[split][digest] = key
-    across = [{"val": key, "train": first["train"][d]} for d, key in first["val"].items() if d in first["train"]]
     fractions = {s: len(within[s]) / max(1, totals[s]) for s in manifest.SPLITS}
     across_fraction = len(across) / max(1, totals["val"])
     limit_dup, limit_overlap = cfg.preflight.max_duplicate_fraction, cfg.preflight.max_overlap_fraction
@@ -57,5 +63,5 @@ def check_duplicates(cfg: RunConfig) -> CheckResult:
     return CheckResult("duplicates", passed, message, {
         "fractions": fractions, "across_fraction": across_fraction, "documents": totals,
         "within": {s: within[s][:_MAX_LISTED] for s in manifest.SPLITS},
-        "within_counts": {s: len(within[s]) for s in manifest.SPLITS},
-        "across": across[:_MAX_LISTED], "across_count": len(across)})
+        "within_counts": {s: len(within[s]) for s in manifest.SPLITS}, "within_val_of_train": within_val_of_train,
+        "across": across, "across_count": len(across)})
