@@ -35,7 +35,7 @@ $(AIRFLOW_DB): $(STAMP)
 	mkdir -p $(AIRFLOW_HOME)
 	$(BIN)/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1; }
 
-$(DEMO_DATA): $(STAMP)
+$(DEMO_DATA): | $(STAMP)
 	$(BIN)/taxiway demo-data $(TAXIWAY_HOME)/demo-data --force
 
 demo: $(AIRFLOW_DB) $(DEMO_DATA)

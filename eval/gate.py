@@ -50,9 +50,8 @@ def markdown(rep: dict[str, Any]) -> str:
 
 
 def write(folder: Path, rep: dict[str, Any]) -> Path:
-    from trainer.fsio import write_json_atomic
+    from trainer.fsio import write_json_atomic, write_text_atomic
 
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(markdown(rep))
+    write_text_atomic(folder / "report.md", markdown(rep))
     write_json_atomic(folder / "report.json", rep)
     return folder / "report.json"

@@ -124,24 +124,16 @@ def train(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> N
 
     cfg, folder = _setup(config, set, run_dir)
     started = time.monotonic()
-    model_dir = stages.train(cfg, folder, on_poll=_progress(folder, started))
+    model_dir = stages.train(cfg, folder, on_poll=_progress(folder))
     typer.echo(stages.progress_line(folder, started))
     typer.echo(model_dir / "model.safetensors")
 
 
-def _progress(folder: Path, started: float, every_s: float = 10.0):
-    last = [0.0]
+def _progress(folder: Path):
+    """Progress lines on stderr while the gang trains."""
+    from pipelines import stages
 
-    def tick() -> None:
-        from pipelines import stages
-
-        if time.monotonic() - last[0] >= every_s:
-            last[0] = time.monotonic()
-            line = stages.progress_line(folder, started)
-            if line:
-                typer.echo(line, err=True)
-
-    return tick
+    return stages.progress_ticker(folder, lambda line: typer.echo(line, err=True))
 
 
 @app.command()
@@ -183,7 +175,7 @@ def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> Non
     if not report.passed:
         raise _fail("preflight gate failed", EXIT_GATE)
     stages.tokenize(cfg, folder)
-    stages.train(cfg, folder, on_poll=_progress(folder, time.monotonic()))
+    stages.train(cfg, folder, on_poll=_progress(folder))
     stages.evaluate(cfg, folder)
     stages.register(cfg, folder, folder.name)
     typer.echo(stages.summary(folder))

@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,11 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _ms(iso: str | None, default: int) -> int:
+    """Milliseconds since the epoch of a metrics.jsonl UTC timestamp (MLflow's metric time)."""
+    return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else default
+
+
 def _find_run(c, experiment_id: str, run_key: str):
     runs = c.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
     return runs[0] if runs else None
@@ -158,17 +165,22 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     exp_id = _experiment_id(cfg.name)
 
     run = _find_run(c, exp_id, run_key)
+    if run is not None and run.info.status != "FINISHED":
+        c.delete_run(run.info.run_id)  # an earlier attempt died while logging: start that run over
+        run = None
     if run is None:
         run = c.create_run(exp_id, run_name=run_key, tags=tags)
         run_id = run.info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in lineage.flatten(cfg.model_dump(mode="json")).items()]
         for i in range(0, len(params), 100):
             c.log_batch(run_id, params=params[i:i + 100])
-        metrics = [Metric(key, float(rec[key]), 0, int(rec["step"])) for rec in _metrics(run_dir)
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(rec[key]), _ms(rec.get("time"), now), int(rec["step"]))
+                   for rec in _metrics(run_dir)
                    for key in ("loss", "lr", "grad_norm", "tokens_per_s") if rec.get(key) is not None]
-        metrics += [Metric(f"eval.{who}.{key}", float(eval_report[who][key]), 0, 0)
+        metrics += [Metric(f"eval.{who}.{key}", float(eval_report[who][key]), now, 0)
                     for who in ("candidate", "baseline") for key in ("loss", "bits_per_byte", "perplexity")]
-        metrics.append(Metric("eval.improvement_bpb", float(eval_report["improvement_bpb"]), 0, 0))
+        metrics.append(Metric("eval.improvement_bpb", float(eval_report["improvement_bpb"]), now, 0))
         for i in range(0, len(metrics), 500):
             c.log_batch(run_id, metrics=metrics[i:i + 500])
         for rel, dest in lineage.artifacts(run_dir):

@@ -140,6 +140,19 @@ def progress_line(run_dir: Path, started: float) -> str | None:
             f"tokens/s {s.get('tokens_per_s')} eta {eta}")
 
 
+def progress_ticker(run_dir: Path, emit: Callable[[str], None], every_s: float = 10.0) -> Callable[[], None]:
+    """A poll callback that emits ``progress_line`` at most every ``every_s`` seconds."""
+    started, last = time.monotonic(), [0.0]
+
+    def tick() -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            if line := progress_line(run_dir, started):
+                emit(line)
+
+    return tick
+
+
 def evaluate(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Candidate vs baseline in bits per byte; writes ``eval/report.json``. The gate is in the report."""
     import torch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,21 @@ def test_stages_chain_through_one_run_folder(cli_home):
     assert first["alias"] == "champion"
     again = json.loads(_last_line(taxiway("register", "-c", str(TINY), env=cli_home, check=True)).read_text())
     assert again["version"] == first["version"], "re-running register must not create a second version"
+
+    # an attempt that died halfway left a run without artifacts: the retry starts that run over
+    from pipelines.registry import RUN_KEY_TAG, client
+
+    os.environ["TAXIWAY_HOME"], saved = cli_home["TAXIWAY_HOME"], os.environ["TAXIWAY_HOME"]
+    try:
+        c = client()
+        exp = c.get_experiment_by_name("taxiway-tiny")
+        dead = c.create_run(exp.experiment_id, tags={RUN_KEY_TAG: "crashed-attempt"}).info.run_id
+        retried = json.loads(_last_line(taxiway("register", "-c", str(TINY), "--run-key", "crashed-attempt",
+                                                env=cli_home, check=True)).read_text())
+        assert retried["run_id"] != dead and c.get_run(dead).info.lifecycle_stage == "deleted"
+        assert {a.path for a in c.list_artifacts(retried["run_id"], "model")} >= {"model/model.safetensors"}
+    finally:
+        os.environ["TAXIWAY_HOME"] = saved
 
 
 def test_bad_config_exits_2_naming_the_field(cli_home):

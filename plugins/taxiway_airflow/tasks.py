@@ -99,15 +99,9 @@ def train(run: dict[str, Any]) -> dict[str, Any]:
     from pipelines import stages
 
     run_dir = _run_dir(run)
-    started, last = time.monotonic(), [0.0]
-
-    def progress() -> None:
-        if time.monotonic() - last[0] >= 10:
-            last[0] = time.monotonic()
-            if line := stages.progress_line(run_dir, started):
-                log.info("%s", line)
-
-    model_dir = stages.train(stages.load_run_config(run_dir), run_dir, on_poll=progress)
+    started = time.monotonic()
+    model_dir = stages.train(stages.load_run_config(run_dir), run_dir,
+                             on_poll=stages.progress_ticker(run_dir, lambda line: log.info("%s", line)))
     log.info("%s", stages.progress_line(run_dir, started))
     return {"model_dir": str(model_dir)}
 
