@@ -6,11 +6,14 @@ as ``{"train": {"lr": 3e-4}}``. Wiring only: every task body lives in ``taxiway_
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pendulum
 from airflow.sdk import DAG, TaskGroup
 
 from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
+from taxiway_airflow.gang import CheckpointSensor, TrainGang
 from taxiway_airflow.params import build_params
 
 with DAG(
@@ -34,7 +37,10 @@ with DAG(
         tasks.tokenize.override(task_id="pack")(run)
 
     with TaskGroup("train") as train:
-        tasks.smoke.override(task_id="smoke")(run) >> tasks.train.override(task_id="gang")(run)
+        gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
+                         retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10))
+        final = CheckpointSensor(task_id="final_checkpoint", run=run)
+        tasks.smoke.override(task_id="smoke")(run) >> gang >> final
 
     with TaskGroup("evaluate") as evaluate:
         tasks.evaluate.override(task_id="score")(run)

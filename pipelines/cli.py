@@ -125,7 +125,7 @@ def train(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> N
     cfg, folder = _setup(config, set, run_dir)
     started = time.monotonic()
     model_dir = stages.train(cfg, folder, on_poll=_progress(folder))
-    typer.echo(stages.progress_line(folder, started))
+    typer.echo(stages.progress_line(folder, time.monotonic() - started))
     typer.echo(model_dir / "model.safetensors")
 
 

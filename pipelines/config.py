@@ -129,6 +129,11 @@ class ComputeConfig(Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     threads_per_proc: PositiveInt = Field(1, description="torch intra-op threads per process")
     timeout_s: PositiveInt = Field(86_400, description="Wall-clock limit for the training gang")
+    stall_timeout_s: PositiveInt = Field(
+        600, description="No heartbeat and no step progress for this long = stalled: kill and relaunch from the "
+                         "newest valid checkpoint")
+    cancel_grace_s: PositiveInt = Field(
+        120, description="After SIGTERM, how long nodes get to save a checkpoint before SIGKILL")
 
 
 class EvalConfig(Section):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,24 +117,57 @@ def train(cfg: RunConfig, run_dir: Path, on_poll: Callable[[], None] | None = No
     from pipelines.launch import local
     from pipelines.launch.spec import launch_spec
 
-    spec, packed = _trainer_spec(cfg, run_dir)
+    spec, _ = _trainer_spec(cfg, run_dir)
     local.run(launch_spec(cfg, run_dir, spec), on_poll=on_poll)
+    return finish_train(run_dir)
+
+
+def launch_gang(cfg: RunConfig, run_dir: Path):
+    """Start the training gang without waiting (the Airflow sensor watches it); returns its handle."""
+    from pipelines.launch import local
+    from pipelines.launch.spec import launch_spec
+
+    spec, _ = _trainer_spec(cfg, run_dir)
+    return local.submit(launch_spec(cfg, run_dir, spec))
+
+
+def finish_train(run_dir: Path) -> Path:
+    """Complete the exported model folder with the tokenizer files evaluation and registry need."""
     model_dir = run_dir / "model"
     _require(model_dir / "model.safetensors", "train")
+    packed = Path(lineage.packed_info(run_dir)["path"])
     for name in ("tokenizer.json", "token_bytes.npy"):
-        shutil.copyfile(packed / name, model_dir / name)
+        atomic.write_bytes(model_dir / name, (packed / name).read_bytes())
     return model_dir
 
 
-def progress_line(run_dir: Path, started: float) -> str | None:
-    """One human line from ``status.json``: step/total, loss, tokens/s, ETA."""
+def final_checkpoint_ready(run_dir: Path) -> tuple[bool, str]:
+    """Training succeeded, its newest valid checkpoint is the final step and the export matches it."""
+    from trainer import checkpoint
+
+    status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
+    if status.get("state") != "succeeded":
+        return False, f"trainer state is {status.get('state')!r}, waiting for 'succeeded'"
+    newest = checkpoint.latest_valid(run_dir / "checkpoints")
+    if newest is None:
+        return False, "no valid checkpoint yet"
+    step = json.loads((newest / "meta.json").read_text())["global_step"]
+    exported = run_dir / "model" / "model.json"
+    if not exported.exists():
+        return False, "weights not exported yet"
+    if step != status.get("step") or json.loads(exported.read_text()).get("global_step") != step:
+        return False, f"newest valid checkpoint {newest.name} is not the final step {status.get('step')}"
+    return True, f"final checkpoint {newest.name} is complete and valid; export matches it"
+
+
+def progress_line(run_dir: Path, elapsed_s: float) -> str | None:
+    """One human line from ``status.json``: step/total, loss, tokens/s, ETA (``elapsed_s`` since launch)."""
     try:
         s = json.loads((run_dir / "status.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     step, total = s.get("step") or 0, s.get("total_steps") or 0
-    elapsed = time.monotonic() - started
-    eta = f"{elapsed / step * (total - step):.0f}s" if step else "?"
+    eta = f"{elapsed_s / step * (total - step):.0f}s" if step else "?"
     return (f"{s.get('state')} step {step}/{total} loss {s.get('loss')} "
             f"tokens/s {s.get('tokens_per_s')} eta {eta}")
 
@@ -147,7 +179,7 @@ def progress_ticker(run_dir: Path, emit: Callable[[str], None], every_s: float =
     def tick() -> None:
         if time.monotonic() - last[0] >= every_s:
             last[0] = time.monotonic()
-            if line := progress_line(run_dir, started):
+            if line := progress_line(run_dir, time.monotonic() - started):
                 emit(line)
 
     return tick

@@ -84,7 +84,7 @@ def test_two_node_gang_over_loopback(packed, tmp_path: Path):
     run_dir = tmp_path / "gang"
     spec = write_trainer_spec(cfg, run_dir, path)
     local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
-    log0 = (run_dir / "train" / "logs" / "node-0.log").read_text()
+    log0 = (run_dir / "train" / "logs" / "attempt-1" / "node-0.log").read_text()
     assert (run_dir / "model" / "model.safetensors").exists()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "succeeded" and status["tokens_seen"] == 12 * 8 * 32 * 2, log0

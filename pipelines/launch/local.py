@@ -1,8 +1,12 @@
 """Local gang: N torchrun "nodes" on this host, rendezvous on loopback.
 
-Each node is ``torchrun --nnodes N --node-rank r`` in its own process group (so cancel and
-cleanup reach every worker it forked). The handle is a JSON file in the run folder, so a
-waiting task that restarts can find the gang again.
+Each node is ``python -m pipelines.launch.node EXIT -- torchrun --nnodes N --node-rank r …`` in
+its own session, so cancel reaches it as a group and its exit code lands in a file. The handle
+(``<run>/train/gang.json``) is plain JSON: a retried Airflow task or a trigger in another
+process finds the gang again, tells its state from files and ``/proc`` alone, and never needs
+to be the nodes' parent. Every process of a gang carries ``TAXIWAY_GANG=<id>`` in its
+environment; torchrun starts its workers in new sessions, so that marker (not the process
+group) is how cleanup finds all of them, orphans included.
 """
 
 from __future__ import annotations
@@ -14,25 +18,54 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipelines import atomic
 from pipelines.launch.spec import LaunchSpec
+from trainer.fsio import utc_now
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+MARKER = "TAXIWAY_GANG"
 
 
-@dataclass
+@dataclass(frozen=True)
+class Node:
+    rank: int
+    pid: int
+    start_ticks: int      # /proc/<pid>/stat starttime: tells our pid from a reused one
+    log: str
+    exit_file: str
+
+
+@dataclass(frozen=True)
 class Handle:
-    path: Path              # <run>/train/gang.json
-    pids: list[int]
-    logs: list[str]
+    path: Path            # <run>/train/gang.json
+    gang_id: str
+    attempt: int          # 1 for the first launch of this run, +1 per relaunch
+    nodes: list[Node]
+    started_at: str
 
     @classmethod
     def load(cls, path: Path) -> Handle:
-        raw = json.loads(path.read_text())
-        return cls(path, raw["pids"], raw["logs"])
+        raw = json.loads(Path(path).read_text())
+        return cls(Path(path), raw["gang_id"], raw["attempt"], [Node(**n) for n in raw["nodes"]],
+                   raw["started_at"])
+
+    def save(self) -> None:
+        atomic.write_json(self.path, {"gang_id": self.gang_id, "attempt": self.attempt,
+                                      "nodes": [asdict(n) for n in self.nodes], "started_at": self.started_at})
+
+
+@dataclass(frozen=True)
+class GangState:
+    state: str            # running | succeeded | failed
+    detail: str = ""      # for failed: which node and why, with its log tail
+
+
+def handle_path(run_dir: Path) -> Path:
+    return run_dir / "train" / "gang.json"
 
 
 def free_port() -> int:
@@ -41,56 +74,122 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def submit(spec: LaunchSpec) -> tuple[Handle, list[subprocess.Popen]]:
+def _start_ticks(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def submit(spec: LaunchSpec) -> Handle:
+    """Start every node now; a previous gang of this run is cleaned up first."""
+    path = handle_path(spec.run_dir)
+    attempt = 1
+    if path.exists():
+        previous = Handle.load(path)
+        cleanup(previous)
+        attempt = previous.attempt + 1
+    gang_id = f"{spec.run_dir.name}-{attempt}-{os.getpid()}-{time.time_ns()}"
+    attempt_dir = spec.run_dir / "train" / "logs" / f"attempt-{attempt}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    logs_dir = spec.run_dir / "train" / "logs"
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_proc),
-           "PYTHONUNBUFFERED": "1"}
-    procs, logs = [], []
-    for node in range(spec.nodes):
-        log_path = logs_dir / f"node-{node}.log"
-        cmd = [sys.executable, "-m", "torch.distributed.run",
-               f"--nnodes={spec.nodes}", f"--node-rank={node}", f"--nproc-per-node={spec.procs_per_node}",
-               "--master-addr=127.0.0.1", f"--master-port={port}", *spec.trainer_args()]
-        with open(log_path, "ab") as log_fh:
-            procs.append(subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, cwd=spec.run_dir))
-        logs.append(str(log_path))
-    handle = Handle(spec.run_dir / "train" / "gang.json", [p.pid for p in procs], logs)
-    atomic.write_json(handle.path, {"pids": handle.pids, "logs": logs, "port": port,
-                                    "started_at": time.time()})
-    return handle, procs
+    env = {**os.environ, **spec.env, MARKER: gang_id, "OMP_NUM_THREADS": str(spec.threads_per_proc),
+           "PYTHONUNBUFFERED": "1", "TAXIWAY_GANG_ATTEMPT": str(attempt)}
+    nodes = []
+    for rank in range(spec.nodes):
+        log, exit_file = attempt_dir / f"node-{rank}.log", attempt_dir / f"node-{rank}.exit.json"
+        torchrun = [sys.executable, "-m", "torch.distributed.run",
+                    f"--nnodes={spec.nodes}", f"--node-rank={rank}", f"--nproc-per-node={spec.procs_per_node}",
+                    "--master-addr=127.0.0.1", f"--master-port={port}", *spec.trainer_args()]
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "pipelines.launch.node", str(exit_file), "--", *torchrun],
+                                    stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, cwd=spec.run_dir)
+        nodes.append(Node(rank, proc.pid, _start_ticks(proc.pid) or 0, str(log), str(exit_file)))
+    handle = Handle(path, gang_id, attempt, nodes, utc_now())
+    handle.save()
+    return handle
 
 
-def poll(procs: list[subprocess.Popen]) -> str:
-    """Succeeded when every node exited 0; failed as soon as any node exits non-zero."""
-    codes = [p.poll() for p in procs]
-    if any(c not in (None, 0) for c in codes):
-        return FAILED
-    return SUCCEEDED if all(c == 0 for c in codes) else RUNNING
+def _node_state(node: Node) -> tuple[str, int | None]:
+    """(running | exited | lost, exit code)."""
+    try:
+        return "exited", json.loads(Path(node.exit_file).read_text())["code"]
+    except FileNotFoundError:
+        pass
+    ticks = _start_ticks(node.pid)
+    if ticks is not None and ticks == node.start_ticks:
+        return "running", None
+    try:  # it may have written the file between the two looks
+        return "exited", json.loads(Path(node.exit_file).read_text())["code"]
+    except FileNotFoundError:
+        return "lost", None
 
 
-def cancel(handle: Handle, sig: int = signal.SIGTERM) -> None:
-    for pid in handle.pids:
+def poll(handle: Handle) -> GangState:
+    """Succeeded when every node exited 0; failed as soon as one node failed or vanished."""
+    states = [(n, *_node_state(n)) for n in handle.nodes]
+    for node, state, code in states:
+        if state == "lost":
+            return GangState(FAILED, f"node {node.rank} vanished (killed without an exit status); "
+                                     f"log {node.log}:\n{tail(node.log)}")
+        if state == "exited" and code != 0:
+            return GangState(FAILED, f"node {node.rank} exited with code {code}; log {node.log}:\n{tail(node.log)}")
+    if all(state == "exited" for _, state, _ in states):
+        return GangState(SUCCEEDED)
+    return GangState(RUNNING)
+
+
+def processes(gang_id: str) -> list[int]:
+    """Every live process of this gang, found by its environment marker (orphans included)."""
+    needle = f"{MARKER}={gang_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(pid, sig)
+            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
 
 
-def cleanup(handle: Handle, procs: list[subprocess.Popen], grace_s: float = 30.0) -> None:
-    """SIGTERM every node's process group, wait ``grace_s``, then SIGKILL what is left."""
-    cancel(handle, signal.SIGTERM)
+def cancel(handle: Handle) -> None:
+    """SIGTERM every node: torchrun forwards it, the trainer saves a checkpoint and exits 143."""
+    for node in handle.nodes:
+        if _node_state(node)[0] == "running":
+            try:
+                os.killpg(node.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def cleanup(handle: Handle, grace_s: float = 30.0) -> int:
+    """Cancel, wait up to ``grace_s`` for a clean exit, then SIGKILL whatever is left.
+
+    Returns how many processes had to be killed. Afterwards no process of the gang remains.
+    """
+    cancel(handle)
+    _signal_all([p for p in processes(handle.gang_id) if p not in {n.pid for n in handle.nodes}], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    cancel(handle, signal.SIGKILL)
-    for p in procs:
-        p.wait()
+    while (left := processes(handle.gang_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _signal_all(left, signal.SIGKILL)
+    while processes(handle.gang_id):
+        time.sleep(0.05)
+    return len(left)
 
 
 def tail(path: str, lines: int = 30) -> str:
@@ -100,20 +199,18 @@ def tail(path: str, lines: int = 30) -> str:
         return ""
 
 
-def run(spec: LaunchSpec, poll_s: float = 1.0, on_poll=None) -> None:
+def run(spec: LaunchSpec, poll_s: float = 1.0, on_poll: Callable[[], None] | None = None) -> None:
     """Submit, wait, always clean up. Raises with the failing node's log tail on failure."""
-    handle, procs = submit(spec)
+    handle = submit(spec)
     deadline = time.monotonic() + spec.timeout_s
     try:
-        while (state := poll(procs)) == RUNNING:
+        while (state := poll(handle)).state == RUNNING:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"training gang exceeded compute.timeout_s={spec.timeout_s}")
             if on_poll:
                 on_poll()
             time.sleep(poll_s)
-        if state == FAILED:
-            bad = next(i for i, p in enumerate(procs) if p.returncode not in (None, 0))
-            raise RuntimeError(f"node {bad} exited with code {procs[bad].returncode}; "
-                               f"log {handle.logs[bad]}:\n{tail(handle.logs[bad])}")
+        if state.state == FAILED:
+            raise RuntimeError(state.detail)
     finally:
-        cleanup(handle, procs)
+        cleanup(handle)

@@ -7,7 +7,6 @@ libraries are imported inside the stage functions, never here.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +90,6 @@ def smoke(run: dict[str, Any]) -> dict[str, Any]:
     result = stages.smoke(stages.load_run_config(run_dir), run_dir)
     log.info("smoke passed: step %s, loss %s", result["step"], result["loss"])
     return {"loss": result["loss"]}
-
-
-@task(retries=1)
-def train(run: dict[str, Any]) -> dict[str, Any]:
-    """Local gang of torchrun nodes; a retry resumes from the newest valid checkpoint."""
-    from pipelines import stages
-
-    run_dir = _run_dir(run)
-    started = time.monotonic()
-    model_dir = stages.train(stages.load_run_config(run_dir), run_dir,
-                             on_poll=stages.progress_ticker(run_dir, lambda line: log.info("%s", line)))
-    log.info("%s", stages.progress_line(run_dir, started))
-    return {"model_dir": str(model_dir)}
 
 
 @task(retries=1)

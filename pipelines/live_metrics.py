@@ -1,0 +1,86 @@
+"""Ship new ``metrics.jsonl`` lines to the pipeline run's MLflow run while training runs.
+
+The trainer never talks to MLflow (pods hold no tracking credentials); the waiting sensor calls
+``ship`` each time it wakes, so curves are live in the MLflow UI. The byte offset already shipped
+is kept next to the metrics (``train/metrics.shipped.json``, written atomically after MLflow
+accepted the batch), so a retried or re-attached sensor continues where the last one stopped and
+registration logs only what was never shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipelines import atomic
+from pipelines.config import RunConfig
+
+KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
+
+
+def _offset_path(run_dir: Path) -> Path:
+    return run_dir / "train" / "metrics.shipped.json"
+
+
+def shipped_offset(run_dir: Path) -> int:
+    try:
+        return int(json.loads(_offset_path(run_dir).read_text())["offset"])
+    except FileNotFoundError:
+        return 0
+
+
+def new_records(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
+    """Complete lines after the shipped offset, and the offset after them (a torn last line waits)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return [], 0
+    start = shipped_offset(run_dir)
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read()
+    complete = data[:data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()], start + len(complete)
+
+
+def to_metrics(records: list[dict[str, Any]]) -> list:
+    """MLflow ``Metric``s at the trainer's own UTC timestamps and steps."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    return [Metric(key, float(rec[key]),
+                   int(datetime.fromisoformat(rec["time"]).timestamp() * 1000) if rec.get("time") else now,
+                   int(rec["step"]))
+            for rec in records for key in KEYS if rec.get(key) is not None]
+
+
+def open_run(c, cfg: RunConfig, run_key: str) -> str:
+    """The pipeline run's MLflow run (found by its run-key tag), created ``RUNNING`` if new."""
+    from pipelines import registry
+
+    exp_id = registry._experiment_id(cfg.name)
+    found = c.search_runs([exp_id], filter_string=f"tags.`{registry.RUN_KEY_TAG}` = '{run_key}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    return c.create_run(exp_id, run_name=run_key, tags={registry.RUN_KEY_TAG: run_key}).info.run_id
+
+
+def ship(cfg: RunConfig, run_dir: Path, run_key: str, restarts: int | None = None) -> int:
+    """Log unshipped metric lines (and the restart count) to the run's MLflow run; returns lines shipped."""
+    from pipelines import registry
+
+    records, offset = new_records(run_dir)
+    if not records and restarts is None:
+        return 0
+    c = registry.client()
+    run_id = open_run(c, cfg, run_key)
+    metrics = to_metrics(records)
+    for i in range(0, len(metrics), 500):
+        c.log_batch(run_id, metrics=metrics[i:i + 500])
+    if restarts is not None:
+        c.set_tag(run_id, "taxiway.restarts", str(restarts))
+    if records:
+        atomic.write_json(_offset_path(run_dir), {"offset": offset})
+    return len(records)
