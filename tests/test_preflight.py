@@ -292,3 +292,18 @@ def test_decontaminate_drops_every_val_copy_of_a_train_document(data: Path, tmp_
     assert {"val/copy1.txt", "val/copy2.txt"} <= set(report.decontamination["dropped"])
     clean_val = {p.name for p in (tmp_path / "run" / "preflight" / "clean" / "val").iterdir()}
     assert not {"copy1.txt", "copy2.txt"} & clean_val
+
+
+def test_band_keys_are_datasketchs_own_bucket_keys():
+    """The index is filled with batch-computed keys; they must be exactly what MinHashLSH computes."""
+    import numpy as np
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from pipelines.preflight.overlap import band_keys
+
+    sigs = np.random.default_rng(0).integers(0, 2**32, (5, 128), dtype=np.uint64).astype(np.uint32)
+    lsh = MinHashLSH(threshold=0.8, num_perm=128, params=(16, 8))
+    keys = band_keys(sigs, 16, 8)
+    for j, sig in enumerate(sigs):
+        lsh.insert(j, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
+        assert list(lsh.keys.get(j)) == [band[j] for band in keys]

@@ -30,12 +30,6 @@ _BATCH_BYTES = 1 << 20           # bytes of documents hashed per numpy batch
 _EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
 
 
-@dataclass
-class Signed:
-    ids: list[str]          # document ids relative to the manifest root
-    sigs: np.ndarray        # (n, num_perm) uint32
-
-
 def file_key(loc: storage.Location, root: storage.Location) -> str:
     """A file as the manifest spells paths (``train/a.txt``); its URI when outside the root."""
     try:
@@ -51,7 +45,7 @@ def record_key(rec: Record, file: str) -> str:
 
 
 def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHasher,
-                root: storage.Location) -> tuple[list[str], np.ndarray]:
+                root: storage.Location, bands: int, rows: int) -> Signed:
     """Signatures of every readable document in ``files`` (unreadable ones are the documents
     check's business and are skipped here)."""
     ids, texts = [], []
@@ -65,7 +59,8 @@ def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHashe
             if rec.text is not None:
                 ids.append(record_key(rec, key))
                 texts.append(rec.text.encode())
-    return ids, hasher.signatures(texts)
+    sigs = hasher.signatures(texts)
+    return Signed(ids, sigs, band_keys(sigs, bands, rows))
 
 
 def _batches(files: list[storage.Location]) -> list[list[storage.Location]]:
@@ -96,41 +91,59 @@ def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str,
     return out
 
 
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> list[list[bytes]]:
+    """Per band, each signature's bucket key exactly as datasketch's ``MinHashLSH`` computes it
+    (``bytes(band.byteswap().data)``), for a whole batch in a few numpy calls instead of a
+    ``LeanMinHash`` and ``bands`` Python slices per document."""
+    swapped = sigs.byteswap()
+    return [np.ascontiguousarray(swapped[:, b * rows:(b + 1) * rows]).view(f"V{4 * rows}").ravel().tolist()
+            for b in range(bands)]
+
+
+@dataclass
+class Signed:
+    ids: list[str]          # document ids relative to the manifest root
+    sigs: np.ndarray        # (n, num_perm) uint32
+    keys: list[list[bytes]]  # per band, per document: LSH bucket key
+
+
 class TrainIndex:
-    """The train split's signatures in a datasketch ``MinHashLSH``, filled batch by batch."""
+    """The train split's signatures in a datasketch ``MinHashLSH`` (its own storage, filled with
+    bucket keys computed batch-wise by ``band_keys``), filled batch by batch."""
 
     def __init__(self, cfg: RunConfig) -> None:
         from datasketch import MinHashLSH
 
         p = cfg.preflight
-        self.lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm,
-                              params=lsh_params(p.overlap_jaccard, p.num_perm))
+        self.bands, self.rows = lsh_params(p.overlap_jaccard, p.num_perm)
+        self.lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm, params=(self.bands, self.rows))
         self.ids: list[str] = []
         self.parts: list[np.ndarray] = []
         self.row: dict[str, int] = {}
 
-    def add(self, ids: list[str], sigs: np.ndarray) -> None:
-        from datasketch import LeanMinHash
-
-        with self.lsh.insertion_session() as session:
-            for key, sig in zip(ids, sigs, strict=True):
-                if sig[0] != _EMPTY:
-                    session.insert(key, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"),
-                                   check_duplication=False)
-                    self.row[key] = len(self.ids)
-                self.ids.append(key)
-        self.parts.append(sigs)
+    def add(self, batch: Signed) -> None:
+        tables, store = self.lsh.hashtables, self.lsh.keys
+        for j, (key, sig) in enumerate(zip(batch.ids, batch.sigs, strict=True)):
+            if sig[0] != _EMPTY:
+                hs = [band[j] for band in batch.keys]
+                store.insert(key, *hs)
+                for h, table in zip(hs, tables, strict=True):
+                    table.insert(h, key)
+                self.row[key] = len(self.ids)
+            self.ids.append(key)
+        self.parts.append(batch.sigs)
 
     def candidates(self, val: Signed, cutoff: float) -> tuple[list[tuple[str, str, float]], np.ndarray]:
         """(train, val, estimated Jaccard) for LSH hits at or above ``cutoff``; best estimate per val doc."""
-        from datasketch import LeanMinHash
-
         sigs = np.concatenate(self.parts) if self.parts else np.empty((0, val.sigs.shape[1]), np.uint32)
         best, out = np.zeros(len(val.ids)), []
+        tables = self.lsh.hashtables
         for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
             if sig[0] == _EMPTY:
                 continue
-            hits = self.lsh.query(LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
+            hits = set()
+            for band, table in zip(val.keys, tables, strict=True):
+                hits.update(table.get(band[j]))
             if hits:
                 rows = np.fromiter((self.row[h] for h in hits), dtype=np.int64, count=len(hits))
                 est = (sigs[rows] == sig).mean(axis=1)
@@ -166,12 +179,14 @@ def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tupl
     val_batches = _batches(split_files(cfg.data.val))
     index = TrainIndex(cfg)
     with _pool(workers) as pool:
-        results = pool.map(lambda b: _sign_batch(b, cfg.data.format, hasher, root), train_batches + val_batches)
+        results = pool.map(lambda b: _sign_batch(b, cfg.data.format, hasher, root, index.bands, index.rows),
+                           train_batches + val_batches)
         for _ in train_batches:
-            index.add(*next(results))
+            index.add(next(results))
         val_parts = list(results)
-    sigs = np.concatenate([s for _, s in val_parts]) if val_parts else np.empty((0, p.num_perm), np.uint32)
-    return index, Signed([k for ids, _ in val_parts for k in ids], sigs)
+    sigs = np.concatenate([v.sigs for v in val_parts]) if val_parts else np.empty((0, p.num_perm), np.uint32)
+    keys = [[k for v in val_parts for k in v.keys[b]] for b in range(index.bands)]
+    return index, Signed([k for v in val_parts for k in v.ids], sigs, keys)
 
 
 def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location,
