@@ -1,0 +1,410 @@
+"""Kubernetes launch: the rendered objects, validated without a cluster.
+
+Every object is checked against the official Kubernetes OpenAPI schemas (``kubernetes-validate``,
+strict: unknown fields fail) for the oldest supported (1.28: the Job's pod-index label) and the
+newest bundled version, and again after going through the provider's own path
+(``KubernetesJobOperator.build_job_request_obj`` / ``dry_run``), which is what the DAG submits.
+The cluster itself is the one boundary that cannot exist here: the provider is pointed at a
+kubeconfig whose API server nobody serves, and nothing in these tests contacts it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import REPO, TINY, taxiway
+from pipelines.config import ConfigError, load_config
+from pipelines.launch import k8s
+
+VERSIONS = ("1.28", kubernetes_validate.latest_version())
+DIGEST = "registry.example.com/taxiway-trainer@sha256:" + "0123456789abcdef" * 4
+BASE = [f"compute.kubernetes.image={DIGEST}", "compute.kubernetes.volume_claim=taxiway-home"]
+GPU = ["compute.kubernetes.gpus=8", "compute.procs_per_node=8", "compute.backend=nccl",
+       "compute.kubernetes.node_selector={nvidia.com/gpu.present: 'true'}",
+       "compute.kubernetes.tolerations=[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]",
+       "compute.kubernetes.affinity={podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: "
+       "[{weight: 100, podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: "
+       "{matchLabels: {app.kubernetes.io/name: taxiway-trainer}}}}]}}",
+       "compute.kubernetes.secret_env=[{name: AWS_ACCESS_KEY_ID, secret: object-store, key: access-key-id}, "
+       "{name: AWS_SECRET_ACCESS_KEY, secret: object-store, key: secret-access-key}]",
+       "compute.kubernetes.secret_env_from=[hf-token]", "compute.kubernetes.env={NCCL_DEBUG: WARN}"]
+RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+COMMAND = ["-m", "trainer", "--spec", "/taxiway/runs/manual__2026-01-01T00_00_00_00_00/train/spec.json"]
+# Kubernetes' own rules (apimachinery validation), written out independently of the code under test
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+CASES = [pytest.param(nodes, gpus, id=f"nodes={nodes}-{'gpu' if gpus else 'cpu'}") for nodes in (1, 2, 8)
+         for gpus in (False, True)]
+
+
+def config(nodes: int, gpus: bool, *more: str):
+    return load_config(TINY, [*BASE, f"compute.nodes={nodes}", *(GPU if gpus else []), *more])
+
+
+def validate(obj: dict[str, Any]) -> None:
+    for version in VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def assert_valid_label(key: str, value: str) -> None:
+    name = key.rpartition("/")[2]
+    assert 0 < len(name) <= 63 and LABEL_VALUE.match(name), key
+    assert len(value) <= 63 and LABEL_VALUE.match(value), f"{key}={value!r}"
+
+
+# --- the pure function ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nodes,gpus", CASES)
+def test_objects_are_valid_and_carry_the_spec(nodes: int, gpus: bool):
+    cfg = config(nodes, gpus)
+    gang = k8s.render(cfg, run_id=RUN_ID, try_number=3, command=COMMAND)
+    for obj in gang.documents():
+        validate(obj)
+        for key, value in obj["metadata"]["labels"].items():
+            assert_valid_label(key, value)
+    job, svc, pod = gang.job, gang.service, gang.pod_spec
+    assert DNS1035_LABEL.match(gang.service_name) and len(gang.service_name) <= 63
+    assert all(DNS1123_LABEL.match(f"{gang.job_name}-{i}") and len(f"{gang.job_name}-{i}") <= 63
+               for i in range(nodes))  # every pod's hostname
+
+    # one pod per node, all or nothing, bounded in time
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == \
+        ("Indexed", nodes, nodes, 0)
+    assert spec["activeDeadlineSeconds"] == cfg.compute.timeout_s
+    # rank 0 reachable as <job>-0.<service>: headless Service selecting exactly these pods
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert pod["subdomain"] == gang.service_name
+    template_labels = spec["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= template_labels.items()
+    assert template_labels["taxiway.dev/try-number"] == "3"
+    assert LABEL_VALUE.match(template_labels["taxiway.dev/run-id"])
+    assert spec["template"]["metadata"]["annotations"]["taxiway.dev/run-id"] == RUN_ID
+
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert container["command"] == ["torchrun"] and args[-len(COMMAND):] == COMMAND
+    port = cfg.compute.kubernetes.rendezvous_port
+    assert f"--rdzv-endpoint={gang.job_name}-0.{gang.service_name}:{port}" in args
+    assert {"--rdzv-backend=c10d", f"--nnodes={nodes}", f"--nproc-per-node={8 if gpus else 1}",
+            "--max-restarts=0"} <= set(args)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["TAXIWAY_NODE_RANK"]["value"] == "$(JOB_COMPLETION_INDEX)"
+    assert env["TAXIWAY_HOME"]["value"] == "/taxiway"
+
+    # resources: GPUs requested and limited only when asked for
+    res = container["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "64Gi"
+    assert (res["requests"].get("nvidia.com/gpu"), res["limits"].get("nvidia.com/gpu")) == \
+        (("8", "8") if gpus else (None, None))
+    # /dev/shm in memory, the run folder on the PVC
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert volumes[mounts["/taxiway"]]["persistentVolumeClaim"] == {"claimName": "taxiway-home"}
+    # non-root, no escalation, nothing extra
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] > cfg.compute.kubernetes.checkpoint_save_s
+    assert container["imagePullPolicy"] == "IfNotPresent"  # pinned by digest
+    if gpus:
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert "podAntiAffinity" in pod["affinity"]
+        assert container["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+
+
+def test_secrets_only_by_reference():
+    """Credentials arrive as secretKeyRef / envFrom.secretRef; no plain env var looks like a secret."""
+    gang = k8s.render(config(2, True), run_id=RUN_ID, try_number=1, command=COMMAND)
+    env = gang.pod_spec["containers"][0]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {"AWS_ACCESS_KEY_ID": {"name": "object-store", "key": "access-key-id"},
+                    "AWS_SECRET_ACCESS_KEY": {"name": "object-store", "key": "secret-access-key"}}
+    plain = [e["name"] for e in env if "value" in e]
+    assert not [n for n in plain if re.search(r"secret|password|token|key", n, re.I)], plain
+    assert all(e["name"].startswith("TAXIWAY_") for e in env if "value" in e
+               and e["name"] not in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "NCCL_DEBUG"))
+
+
+def test_strict_validation_catches_a_misplaced_field():
+    """The schema check is real: an unknown field, or a field at the wrong level, fails it."""
+    gang = k8s.render(config(2, False), run_id=RUN_ID, try_number=1, command=COMMAND)
+    bad = copy.deepcopy(gang.job)
+    bad["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "1Gi"
+    with pytest.raises(kubernetes_validate.ValidationError, match="shmSize"):
+        kubernetes_validate.validate(bad, VERSIONS[-1], strict=True)
+    bad = copy.deepcopy(gang.job)
+    bad["spec"]["completions"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError, match="two"):
+        kubernetes_validate.validate(bad, VERSIONS[-1], strict=True)
+    bad = copy.deepcopy(gang.service)
+    bad["spec"]["headless"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="headless"):
+        kubernetes_validate.validate(bad, VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("sets,field,reason", [
+    (["compute.kubernetes.image=registry.example.com/taxiway-trainer:latest"], "compute.kubernetes.image", "latest"),
+    (["compute.kubernetes.image=registry.example.com:5000/taxiway-trainer"], "compute.kubernetes.image", "no tag"),
+    (["compute.kubernetes.image=registry.example.com/t:0a1b2c3", "compute.kubernetes.require_digest=true"],
+     "compute.kubernetes.image", "digest"),
+    (["compute.kubernetes.env={AWS_SECRET_ACCESS_KEY: hunter2}"], "compute.kubernetes.env", "secret_env"),
+    (["compute.kubernetes.env={DB_PASSWORD: hunter2}"], "compute.kubernetes.env", "looks like a secret"),
+    (["compute.kubernetes.env={TAXIWAY_HOME: /elsewhere}"], "compute.kubernetes.env", "reserved"),
+    (["compute.kubernetes.termination_grace_s=100", "compute.kubernetes.checkpoint_save_s=120"],
+     "compute.kubernetes", "must be longer than checkpoint_save_s"),
+    (["compute.kubernetes.labels={team: -ml-}"], "compute.kubernetes.labels", "alphanumeric at both ends"),
+    (["compute.kubernetes.labels={cost-center: " + "x" * 64 + "}"], "compute.kubernetes.labels", "63"),
+    (["compute.kubernetes.labels={taxiway.dev/run-id: mine}"], "compute.kubernetes.labels", "reserved"),
+    (["compute.kubernetes.node_selector={'bad key!': x}"], "compute.kubernetes.node_selector", "label key"),
+    (["compute.kubernetes.memory=64 GB"], "compute.kubernetes.memory", "pattern"),
+    (["compute.kubernetes.affinity={nodeAfinity: {}}"], "compute.kubernetes.affinity", "nodeAfinity"),
+    (["compute.kubernetes.gpus=8"], "compute", "procs_per_node (1) must equal kubernetes.gpus (8)"),
+    (["compute.launcher=kubernetes", "compute.kubernetes.image=null"], "compute", "kubernetes.image"),
+])
+def test_refusals_name_the_field(sets: list[str], field: str, reason: str):
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, [*BASE, *sets])
+    assert field in err.value.errors, err.value.errors
+    assert reason in err.value.errors[field]
+
+
+def test_render_refuses_an_incomplete_config():
+    cfg = load_config(TINY)  # launcher local: no image, no volume yet
+    with pytest.raises(ConfigError) as err:
+        k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+    assert set(err.value.errors) == {"compute.kubernetes.image", "compute.kubernetes.volume_claim"}
+
+
+@pytest.mark.parametrize("run_id", [
+    RUN_ID, "scheduled__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00:00:00.123456+00:00_aBcDeF12",
+    "--weird--", "ünïcödé", "a" * 250, "a" * 250 + "b", "x", "_", "..", "dataset_triggered__2026-01-01T00:00:00+00:00",
+])
+def test_names_and_labels_are_valid_for_any_run_id(run_id: str):
+    value = k8s.label_value(run_id)
+    assert len(value) <= 63 and LABEL_VALUE.match(value) and value
+    for try_number in (1, 12, 999):
+        job, svc = k8s.names(run_id, try_number)
+        assert DNS1035_LABEL.match(svc) and len(svc) <= 63
+        assert DNS1123_LABEL.match(job) and len(f"{job}-9999") <= 63
+    gang = k8s.render(config(8, False), run_id=run_id, try_number=1, command=COMMAND)
+    validate(gang.job)
+
+
+def test_distinct_run_ids_get_distinct_names():
+    ids = [RUN_ID, RUN_ID.replace("+", "_"), "a" * 250, "a" * 250 + "b", "A", "a"]
+    assert len({k8s.names(i, 1) for i in ids}) == len(ids)
+    assert len({k8s.label_value(i) for i in ("a" * 250, "a" * 250 + "b")}) == 2
+
+
+def test_yaml_is_what_kubectl_reads():
+    """Multi-document, Service first, no YAML aliases; loads back to the same objects."""
+    gang = k8s.render(config(2, True), run_id=RUN_ID, try_number=1, command=COMMAND)
+    text = k8s.to_yaml(gang)
+    assert "&id" not in text and "*id" not in text
+    assert list(yaml.safe_load_all(text)) == gang.documents()
+
+
+def test_render_k8s_cli(home: Path):
+    out = taxiway("render-k8s", "--config", str(TINY), *sum((["--set", s] for s in BASE + GPU), []),
+                  "--run-id", RUN_ID, "--nodes", "8", check=True)
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    for doc in docs:
+        validate(doc)
+    job = docs[1]
+    assert job["spec"]["completions"] == 8
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-4:] == COMMAND  # the pods' run folder: mount_path/runs/<safe run id>
+    bad = taxiway("render-k8s", "--config", str(TINY), "--set", "compute.kubernetes.image=taxiway-trainer:latest")
+    assert bad.returncode == 2 and "compute.kubernetes.image" in bad.stderr and bad.stdout == ""
+
+
+def test_shipped_kubernetes_config_renders(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TAXIWAY_TRAINER_IMAGE", DIGEST)
+    cfg = load_config(REPO / "configs" / "kubernetes.yaml")
+    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+    for obj in gang.documents():
+        validate(obj)
+    monkeypatch.setenv("TAXIWAY_TRAINER_IMAGE", "registry.example.com/taxiway-trainer:0a1b2c3")
+    with pytest.raises(ConfigError, match="digest"):  # that config requires a digest
+        load_config(REPO / "configs" / "kubernetes.yaml")
+
+
+# --- through the provider's own path ------------------------------------------------------------
+
+@pytest.fixture
+def kube_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An Airflow connection (from the environment) to a cluster that is not there."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "nowhere", "cluster": {"server": "https://127.0.0.1:9"}}],
+        "users": [{"name": "nobody", "user": {}}],
+        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "nobody"}}]}))
+    monkeypatch.setenv("AIRFLOW_CONN_TAXIWAY_TEST_K8S", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
+    return "taxiway_test_k8s"
+
+
+def assert_contains(outer: Any, inner: Any, where: str = "") -> None:
+    """Everything ``inner`` says, ``outer`` says too (dicts may hold more; lists must match exactly)."""
+    if isinstance(inner, dict):
+        assert isinstance(outer, dict), where
+        for key, value in inner.items():
+            assert key in outer, f"{where}.{key} missing"
+            assert_contains(outer[key], value, f"{where}.{key}")
+    elif isinstance(inner, list):
+        assert isinstance(outer, list) and len(outer) == len(inner), f"{where}: {outer} != {inner}"
+        for i, (o, n) in enumerate(zip(outer, inner, strict=True)):
+            assert_contains(o, n, f"{where}[{i}]")
+    else:
+        assert outer == inner, f"{where}: {outer!r} != {inner!r}"
+
+
+@pytest.mark.parametrize("nodes,gpus", CASES)
+def test_provider_builds_the_rendered_job(nodes: int, gpus: bool, kube_connection: str):
+    from kubernetes.client import ApiClient
+
+    from taxiway_airflow.kubernetes import GangJob
+
+    cfg = config(nodes, gpus, f"compute.kubernetes.connection_id={kube_connection}")
+    gang = k8s.render(cfg, run_id=RUN_ID, try_number=2, command=COMMAND)
+    op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
+    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    built = ApiClient().sanitize_for_serialization(op.build_job_request_obj(None))
+    validate(built)
+    assert built["metadata"]["name"] == gang.job_name  # so <job>-0.<service> resolves
+    assert_contains(built, gang.job, "job")
+    assert built["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    pod = ApiClient().sanitize_for_serialization(op.pod_request_obj)
+    validate(pod)
+    assert_contains(pod["spec"], gang.pod_spec, "pod.spec")
+    assert (op.completion_mode, op.completions, op.parallelism, op.backoff_limit) == ("Indexed", nodes, nodes, 0)
+    assert op.deferrable and op.wait_until_job_complete and op.durable
+
+
+def test_provider_dry_run_prints_the_pod(kube_connection: str, capsys: pytest.CaptureFixture[str]):
+    from taxiway_airflow.kubernetes import GangJob
+
+    cfg = config(2, True, f"compute.kubernetes.connection_id={kube_connection}")
+    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+    op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
+    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    op.dry_run()
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out[out.index("api_version: v1"):])  # after the operator's own log lines
+    (container,) = printed["spec"]["containers"]
+    assert container["image"] == DIGEST and container["args"][-4:] == COMMAND
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert printed["spec"]["subdomain"] == gang.service_name
+
+
+def test_trigger_round_trips_through_serialization():
+    """The triggerer rebuilds the trigger from its classpath; it must be ours (it deletes the Job on kill)."""
+    import importlib
+
+    from taxiway_airflow.kubernetes import GangJobTrigger
+
+    trigger = GangJobTrigger(job_name="job-x-t1", job_namespace="taxiway", pod_names=["job-x-t1-0-abcde"],
+                             pod_namespace="taxiway", base_container_name=k8s.CONTAINER,
+                             kubernetes_conn_id="taxiway_test_k8s")
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert type(again) is GangJobTrigger and again.serialize() == (path, kwargs)
+
+
+def test_run_folder_must_be_on_the_pods_volume(tmp_path: Path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines import stages
+    from taxiway_airflow.kubernetes import render_for_run
+
+    cfg = load_config(TINY, [*BASE, "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={tmp_path}"])
+    stages.prepare(cfg, tmp_path / "runs" / "r1")
+    _, gang = render_for_run({"run_dir": str(tmp_path / "runs" / "r1")}, "r1", 1)
+    assert gang.pod_spec["containers"][0]["args"][-1] == str(tmp_path / "runs" / "r1" / "train" / "spec.json")
+
+    elsewhere = load_config(TINY, [*BASE, "compute.launcher=kubernetes"])  # mount_path /taxiway
+    stages.prepare(elsewhere, tmp_path / "runs" / "r2")
+    with pytest.raises(AirflowFailException, match="not under compute.kubernetes.mount_path"):
+        render_for_run({"run_dir": str(tmp_path / "runs" / "r2")}, "r2", 1)
+
+    local = load_config(TINY, BASE)
+    stages.prepare(local, tmp_path / "runs" / "r3")
+    with pytest.raises(AirflowFailException, match="compute.launcher is 'local'"):
+        render_for_run({"run_dir": str(tmp_path / "runs" / "r3")}, "r3", 1)
+
+
+# --- the DAG, parsed for a Kubernetes deployment -----------------------------------------------
+
+def _parse_dag(launcher: str) -> dict[str, Any]:
+    """Parse the DAG folder in a fresh interpreter with TAXIWAY_LAUNCHER set, as the DAG processor would."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(REPO / 'plugins')!r})
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(REPO / 'dags')!r})
+out = {{"errors": {{k: str(v)[-600:] for k, v in bag.import_errors.items()}},
+        "provider_job_imported": "airflow.providers.cncf.kubernetes.operators.job" in sys.modules}}
+dag = bag.dags.get("taxiway_train")
+if dag is not None:
+    out["tasks"] = {{t.task_id: {{"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
+                     "setup": t.is_setup, "teardown": t.is_teardown,
+                     "attrs": {{a: getattr(t, a, None) for a in ("completion_mode", "backoff_limit", "deferrable",
+                               "wait_until_job_complete", "durable", "retries", "retry_exponential_backoff")}}}}
+                    for t in dag.tasks}}
+print(json.dumps(out, default=str))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TAXIWAY_LAUNCHER": launcher})
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_dag_parses_for_kubernetes_with_setup_and_teardown():
+    parsed = _parse_dag("kubernetes")
+    assert parsed["errors"] == {}
+    tasks = parsed["tasks"]
+    service, gang, teardown = tasks["train.service"], tasks["train.gang"], tasks["train.teardown"]
+    assert service["setup"] and teardown["teardown"] and not gang["setup"] and not gang["teardown"]
+    assert gang["type"] == "GangJob"
+    assert gang["attrs"]["completion_mode"] == "Indexed" and gang["attrs"]["backoff_limit"] == 0
+    assert gang["attrs"]["deferrable"] and gang["attrs"]["wait_until_job_complete"] and gang["attrs"]["durable"]
+    assert gang["attrs"]["retries"] >= 1
+    assert "train.smoke" in service["upstream"]
+    assert "train.service" in gang["upstream"]
+    assert {"train.gang", "train.service"} <= set(teardown["upstream"])
+    assert "train.gang" in tasks["train.final_checkpoint"]["upstream"]
+    assert not any(t["type"] == "TrainGang" for t in tasks.values())
+
+
+def test_dag_for_local_deployments_is_unchanged_and_skips_the_provider():
+    parsed = _parse_dag("local")
+    assert parsed["errors"] == {}
+    assert "train.service" not in parsed["tasks"] and parsed["tasks"]["train.gang"]["type"] == "TrainGang"
+    assert parsed["provider_job_imported"] is False  # about a second of parse time saved
+
+
+def test_unknown_launcher_is_an_import_error():
+    parsed = _parse_dag("kubernets")
+    assert any("TAXIWAY_LAUNCHER" in err for err in parsed["errors"].values()), parsed["errors"]
