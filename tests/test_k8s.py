@@ -180,6 +180,10 @@ def test_strict_validation_catches_a_misplaced_field():
     (["compute.kubernetes.affinity={nodeAfinity: {}}"], "compute.kubernetes.affinity", "nodeAfinity"),
     (["compute.kubernetes.gpus=8"], "compute", "procs_per_node (1) must equal kubernetes.gpus (8)"),
     (["compute.launcher=kubernetes", "compute.kubernetes.image=null"], "compute", "kubernetes.image"),
+    (["compute.launcher=kubernetes", "compute.cancel_grace_s=400"], "compute",
+     "cancel_grace_s (400) <= kubernetes.termination_grace_s (300)"),
+    (["compute.launcher=kubernetes", "compute.kubernetes.checkpoint_save_s=150"], "compute",
+     "checkpoint_save_s (150) < cancel_grace_s (120)"),
 ])
 def test_refusals_name_the_field(sets: list[str], field: str, reason: str):
     with pytest.raises(ConfigError) as err:
