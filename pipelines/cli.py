@@ -218,28 +218,6 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
     typer.echo(k8s.to_yaml(k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)), nl=False)
 
 
-@app.command("render-k8s")
-@_guard
-def render_k8s(config: ConfigOpt, set: SetOpt = None,
-               run_id: Annotated[str | None, typer.Option(help="Run id (default: <name>-<config sha256[:12]>)")] = None,
-               nodes: Annotated[int | None, typer.Option(min=1, help="Override compute.nodes")] = None,
-               try_number: Annotated[int, typer.Option(min=1, help="Airflow try number")] = 1) -> None:
-    """Print the training gang's Kubernetes objects (headless Service, Indexed Job) as YAML.
-
-    Nothing is written and no cluster is contacted: pipe it to ``kubectl apply --dry-run=server -f -``.
-    """
-    from pathlib import PurePosixPath
-
-    from pipelines.launch import k8s
-    from pipelines.launch.spec import launch_spec
-
-    cfg = load_config(config, [*(set or []), *([f"compute.nodes={nodes}"] if nodes else [])])
-    run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
-    pod_run_dir = Path(PurePosixPath(cfg.compute.kubernetes.mount_path) / "runs" / paths.safe_run_id(run_id))
-    command = launch_spec(cfg, pod_run_dir, pod_run_dir / "train" / "spec.json").trainer_args()
-    typer.echo(k8s.to_yaml(k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)), nl=False)
-
-
 @app.command()
 def schema() -> None:
     """Print the RunConfig JSON schema."""
