@@ -16,6 +16,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +414,327 @@ def test_dag_for_local_deployments_is_unchanged_and_skips_the_provider():
 def test_unknown_launcher_is_an_import_error():
     parsed = _parse_dag("kubernets")
     assert any("TAXIWAY_LAUNCHER" in err for err in parsed["errors"].values()), parsed["errors"]
+
+
+# --- the operator's calls, against a stand-in API server -----------------------------------------
+
+class FakeKube:
+    """The Kubernetes API endpoints the launcher uses, over real HTTP, with a Job controller and kubelet.
+
+    A cluster cannot exist here; this is that boundary. Every object POSTed is validated against the
+    strict 1.37 schema (what the operator really sends). Created Jobs get one pod per completion
+    index; the kubelet runs pod 0's trainer command (``-m trainer --spec …``, without torchrun, which
+    would need the Service's DNS) as a local process, and the Job completes or fails with it.
+    """
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}   # (kind, namespace, name)
+        self.created: list[str] = []                                    # "Kind/name", in order
+        self.lock = threading.Lock()
+        self.run_pods = True
+        handler = type("Handler", (_FakeKubeHandler,), {"kube": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+    def of(self, kind: str) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            return {name: obj for (k, _, name), obj in self.objects.items() if k == kind}
+
+    def set_job_condition(self, name: str, condition: str) -> None:
+        with self.lock:
+            job = next(o for (k, _, n), o in self.objects.items() if k == "Job" and n == name)
+            job["status"] = {"conditions": [{"type": condition, "status": "True", "reason": f"Test{condition}"}]}
+
+    # controller + kubelet
+    def start_job(self, job: dict[str, Any]) -> None:
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        template = job["spec"]["template"]
+        job["status"] = {"active": job["spec"]["parallelism"]}
+        for index in range(job["spec"]["completions"]):
+            meta = template["metadata"]
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"{name}-{index}-x7k2p", "namespace": ns,
+                                "labels": {**meta.get("labels", {}), "batch.kubernetes.io/job-name": name,
+                                           k8s.INDEX_KEY: str(index)},
+                                "annotations": {**meta.get("annotations", {}), k8s.INDEX_KEY: str(index)}},
+                   "spec": {**template["spec"], "hostname": f"{name}-{index}"},
+                   "status": {"phase": "Running"}}
+            self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
+        if self.run_pods:
+            threading.Thread(target=self._kubelet, args=(job,), daemon=True).start()
+
+    def _kubelet(self, job: dict[str, Any]) -> None:
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        args = container["args"]
+        proc = subprocess.run([sys.executable, *args[args.index("-m"):]], capture_output=True, text=True,
+                              env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"})
+        with self.lock:
+            if ("Job", job["metadata"]["namespace"], job["metadata"]["name"]) in self.objects:
+                kind = "Complete" if proc.returncode == 0 else "Failed"
+                job["status"] = {"conditions": [{"type": kind, "status": "True", "reason": f"pod exit {proc.returncode}"}]}
+                job["log"] = proc.stdout + proc.stderr
+
+
+def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, selector.split(",")):
+        if term.startswith("!"):
+            ok = term[1:] not in labels
+        elif "!=" in term:
+            key, value = term.split("!=")
+            ok = labels.get(key) != value
+        else:
+            key, value = term.split("=")
+            ok = labels.get(key) == value
+        if not ok:
+            return False
+    return True
+
+
+class _FakeKubeHandler(BaseHTTPRequestHandler):
+    """/api/v1/namespaces/{ns}/{services,pods}[/{name}[/log]], /apis/batch/v1/namespaces/{ns}/jobs[/{name}[/status]]."""
+
+    kube: FakeKube
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _route(self) -> tuple[str, str, str | None, str | None, dict[str, str]]:
+        from urllib.parse import parse_qsl, urlsplit
+
+        url = urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        parts = parts[2:] if parts[0] == "api" else parts[3:]   # drop api/v1 or apis/batch/v1
+        _, ns, plural, *rest = parts
+        kind = {"services": "Service", "pods": "Pod", "jobs": "Job"}[plural]
+        return kind, ns, (rest[0] if rest else None), (rest[1] if len(rest) > 1 else None), dict(parse_qsl(url.query))
+
+    def _send(self, code: int, body: Any) -> None:
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def _status(self, code: int, reason: str) -> None:
+        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code})
+
+    def do_GET(self) -> None:
+        kind, ns, name, sub, query = self._route()
+        kube = self.kube
+        with kube.lock:
+            if name is None:
+                items = [o for (k, n, _), o in kube.objects.items() if k == kind and n == ns
+                         and _selector_matches(query.get("labelSelector", ""), o["metadata"].get("labels", {}))]
+                return self._send(200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {}, "items": items})
+            obj = kube.objects.get((kind, ns, name))
+            if obj is None:
+                return self._status(404, "NotFound")
+            if sub == "log":
+                job = kube.objects.get(("Job", ns, obj["metadata"]["labels"]["batch.kubernetes.io/job-name"]))
+                return self._send(200, (job or {}).get("log", ""))
+            return self._send(200, {k: v for k, v in obj.items() if k != "log"})
+
+    def do_POST(self) -> None:
+        kind, ns, _, _, _ = self._route()
+        body = self._body()
+        kubernetes_validate.validate(body, VERSIONS[-1], strict=True)
+        kube = self.kube
+        with kube.lock:
+            key = (kind, ns, body["metadata"]["name"])
+            if key in kube.objects:
+                return self._status(409, "AlreadyExists")
+            kube.objects[key] = body
+            kube.created.append(f"{kind}/{body['metadata']['name']}")
+            if kind == "Job":
+                kube.start_job(body)
+        self._send(201, body)
+
+    def do_PATCH(self) -> None:
+        kind, ns, name, _, _ = self._route()
+        patch = self._body()
+        with self.kube.lock:
+            obj = self.kube.objects.get((kind, ns, name))
+            if obj is None:
+                return self._status(404, "NotFound")
+            obj["metadata"].setdefault("labels", {}).update(patch.get("metadata", {}).get("labels", {}))
+        self._send(200, obj)
+
+    def do_DELETE(self) -> None:
+        kind, ns, name, _, _ = self._route()
+        self._body()
+        kube = self.kube
+        with kube.lock:
+            if kube.objects.pop((kind, ns, name), None) is None:
+                return self._status(404, "NotFound")
+            if kind == "Job":  # the garbage collector removes its pods
+                for key in [k for k, o in kube.objects.items() if k[0] == "Pod" and k[1] == ns
+                            and o["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]:
+                    del kube.objects[key]
+        self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+
+class _Store:
+    """Airflow 3.3's ``task_state_store`` as an operator sees it: per task instance, across tries."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **kwargs: Any) -> None:
+        self.data[key] = value
+
+
+class _TI:
+    """The task instance fields the operator reads (labels, try number) and its XCom pushes."""
+
+    def __init__(self, try_number: int) -> None:
+        self.dag_id, self.task_id, self.map_index, self.try_number = "taxiway_train", "train.gang", -1, try_number
+        self.xcom: dict[str, Any] = {}
+        self.stats_tags: dict[str, str] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+def _context(try_number: int, store: _Store) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    return {"ti": _TI(try_number), "run_id": RUN_ID, "dag": SimpleNamespace(), "task_state_store": store}
+
+
+def _first_event(trigger: Any, timeout_s: float = 120.0) -> dict[str, Any]:
+    import asyncio
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first(), timeout_s))
+
+
+@pytest.fixture
+def fake_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    kube = FakeKube()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": kube.url}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+    monkeypatch.setenv("AIRFLOW_CONN_TAXIWAY_FAKE_K8S", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
+    yield kube
+    kube.close()
+
+
+@pytest.fixture(scope="module")
+def k8s_run(tmp_path_factory: pytest.TempPathFactory):
+    """A prepared and tokenized run folder under the pods' mount path (TAXIWAY_HOME), 1 node, 6 steps."""
+    from pipelines import atomic, manifest, stages, tokenize
+
+    root = tmp_path_factory.mktemp("k8s")
+    env = pytest.MonkeyPatch()
+    env.setenv("TAXIWAY_HOME", str(root / "home"))
+    for split, n in (("train", 60), ("val", 10)):
+        (root / split).mkdir()
+        for i in range(n):
+            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
+    manifest.write(root / "manifest.jsonl", manifest.scan(root))
+    cfg = load_config(TINY, [*BASE, f"data.train={root / 'train'}", f"data.val={root / 'val'}",
+                             f"data.manifest={root / 'manifest.jsonl'}", "tokenizer.vocab_size=280",
+                             "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
+                             "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={root / 'home'}",
+                             "compute.kubernetes.connection_id=taxiway_fake_k8s"])
+    run_dir = root / "home" / "runs" / "k8s-run"
+    stages.prepare(cfg, run_dir)
+    packed = tokenize.run(cfg).path
+    atomic.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
+    yield {"run_dir": str(run_dir)}
+    env.undo()
+
+
+def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str], fake_kube: FakeKube):
+    """Setup → Job → the worker dies → the retry re-attaches (no second Job) → trigger → trained model."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from taxiway_airflow.kubernetes import GangJob, GangJobTrigger, create_service
+
+    job_1, service = k8s.names(RUN_ID, 1)
+    assert create_service(k8s_run, RUN_ID) == {"service": service, "namespace": "taxiway"}
+    assert create_service(k8s_run, RUN_ID)["service"] == service  # a retried setup finds it
+    store = _Store()
+    with pytest.raises(TaskDeferred) as first:
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(_context(1, store))
+    assert store.data["taxiway_k8s_job"] == {"name": job_1, "namespace": "taxiway"}
+    assert isinstance(first.value.trigger, GangJobTrigger) and first.value.trigger.job_name == job_1
+
+    # the worker holding try 1 dies; try 2 runs the operator from scratch with the same task state
+    retry = GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2)
+    ctx = _context(2, store)
+    with pytest.raises(TaskDeferred) as second:
+        retry.execute(ctx)
+    assert second.value.trigger.job_name == job_1
+    assert fake_kube.created == [f"Service/{service}", f"Job/{job_1}"]  # one gang, never two
+
+    event = _first_event(second.value.trigger)  # the kubelet runs the trainer command of pod 0
+    assert event["status"] == "success", event
+    result = retry.execute_complete(ctx, event)
+    model = Path(result["model_dir"])
+    assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
+    status = json.loads((Path(k8s_run["run_dir"]) / "status.json").read_text())
+    assert (status["state"], status["step"]) == ("succeeded", 6)
+    assert not fake_kube.of("Pod")  # finished pods deleted by the provider (on_finish_action)
+
+
+def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_run: dict[str, str],
+                                                                           fake_kube: FakeKube):
+    import asyncio
+
+    from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+    from taxiway_airflow.kubernetes import GangJob, create_service, delete_everything
+
+    fake_kube.run_pods = False  # the test decides how each Job ends
+    job_1, service = k8s.names(RUN_ID, 1)
+    job_2, job_3 = k8s.names(RUN_ID, 2)[0], k8s.names(RUN_ID, 3)[0]
+    create_service(k8s_run, RUN_ID)
+    store = _Store()
+
+    op, ctx = GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2), _context(1, store)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    fake_kube.set_job_condition(job_1, "Failed")  # a node failed: backoffLimit 0 fails the Job
+    event = _first_event(deferred.value.trigger)
+    with pytest.raises(AirflowException, match="TestFailed"):
+        op.execute_complete(ctx, event)
+
+    # the retry removes the failed try's Job (and its pods) before starting its own
+    with pytest.raises(TaskDeferred) as deferred:
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(_context(2, store))
+    assert set(fake_kube.of("Job")) == {job_2}
+    assert {p["metadata"]["labels"]["taxiway.dev/try-number"] for p in fake_kube.of("Pod").values()} == {"2"}
+
+    # the user fails the deferred task: the triggerer's on_kill deletes the Job, its pods go with it
+    asyncio.run(deferred.value.trigger.on_kill())
+    assert not fake_kube.of("Job") and not fake_kube.of("Pod")
+
+    # a later try runs; the teardown removes its Job, its pods and the Service
+    with pytest.raises(TaskDeferred):
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(_context(3, store))
+    assert set(fake_kube.of("Job")) == {job_3} and len(fake_kube.of("Pod")) == 1
+    assert delete_everything(k8s_run, RUN_ID) == 1
+    assert not fake_kube.of("Job") and not fake_kube.of("Pod") and not fake_kube.of("Service")
+    assert fake_kube.created == [f"Service/{service}", f"Job/{job_1}", f"Job/{job_2}", f"Job/{job_3}"]

@@ -110,15 +110,13 @@ def remove_jobs(hook: Any, namespace: str, gang_label: str, wait_s: float) -> in
 
 # --- setup and teardown ----------------------------------------------------------------------
 
-@task(retries=2)
-def gang_service(run: dict[str, Any]) -> dict[str, str]:
-    """Write the trainer spec and create the headless Service that makes rank 0 resolvable."""
+def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
+    """Write the trainer spec and create the headless Service that makes rank 0 resolvable (idempotent)."""
     from kubernetes.client.exceptions import ApiException
 
     from pipelines import stages
 
-    ctx = get_current_context()
-    cfg, gang = render_for_run(run, ctx["run_id"], ctx["ti"].try_number)
+    cfg, gang = render_for_run(run, run_id, 1)
     stages._trainer_spec(cfg, Path(run["run_dir"]))
     hook = _hook(cfg.compute.kubernetes.connection_id)
     try:
@@ -131,19 +129,28 @@ def gang_service(run: dict[str, Any]) -> dict[str, str]:
     return {"service": gang.service_name, "namespace": gang.namespace}
 
 
-@task
-def delete_gang(run: dict[str, Any]) -> dict[str, Any]:
-    """Teardown: every Job of this run (pods waited for) and the Service; runs whatever the gang did."""
-
-    ctx = get_current_context()
-    cfg, gang = render_for_run(run, ctx["run_id"], 1)
+def delete_everything(run: dict[str, Any], run_id: str) -> int:
+    """Every Job of the run (their pods waited for) and the Service; returns the Jobs deleted."""
+    cfg, gang = render_for_run(run, run_id, 1)
     k = cfg.compute.kubernetes
     hook = _hook(k.connection_id)
     jobs = remove_jobs(hook, gang.namespace, gang.service_name, wait_s=k.termination_grace_s + 60)
     _ignore_missing(hook.core_v1_client.delete_namespaced_service, gang.service_name, gang.namespace)
     log.info("deleted %d Job(s) and Service %s/%s; no pod of the gang is left", jobs, gang.namespace,
              gang.service_name)
-    return {"jobs_deleted": jobs}
+    return jobs
+
+
+@task(retries=2)
+def gang_service(run: dict[str, Any]) -> dict[str, str]:
+    """Setup: the headless Service of the run's gang."""
+    return create_service(run, get_current_context()["run_id"])
+
+
+@task(retries=2)
+def delete_gang(run: dict[str, Any]) -> dict[str, Any]:
+    """Teardown: runs whatever the gang did, so nothing of the run is left in the cluster."""
+    return {"jobs_deleted": delete_everything(run, get_current_context()["run_id"])}
 
 
 # --- the Job ---------------------------------------------------------------------------------
