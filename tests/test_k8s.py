@@ -682,16 +682,16 @@ def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str
     assert isinstance(first.value.trigger, GangJobTrigger) and first.value.trigger.job_name == job_1
 
     # the worker holding try 1 dies; try 2 runs the operator from scratch with the same task state
-    retry = GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2)
     ctx = _context(2, store)
     with pytest.raises(TaskDeferred) as second:
-        retry.execute(ctx)
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(ctx)
     assert second.value.trigger.job_name == job_1
     assert fake_kube.created == [f"Service/{service}", f"Job/{job_1}"]  # one gang, never two
 
     event = _first_event(second.value.trigger)  # the kubelet runs the trainer command of pod 0
     assert event["status"] == "success", event
-    result = retry.execute_complete(ctx, event)
+    resumed = GangJob(task_id="gang", run=k8s_run)  # after a deferral Airflow builds the operator anew
+    result = resumed.execute_complete(ctx, event)
     model = Path(result["model_dir"])
     assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
     status = json.loads((Path(k8s_run["run_dir"]) / "status.json").read_text())
@@ -719,7 +719,7 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
     fake_kube.set_job_condition(job_1, "Failed")  # a node failed: backoffLimit 0 fails the Job
     event = _first_event(deferred.value.trigger)
     with pytest.raises(AirflowException, match="TestFailed"):
-        op.execute_complete(ctx, event)
+        GangJob(task_id="gang", run=k8s_run).execute_complete(ctx, event)
 
     # the retry removes the failed try's Job (and its pods) before starting its own
     with pytest.raises(TaskDeferred) as deferred:

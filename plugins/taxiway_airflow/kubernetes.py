@@ -209,10 +209,13 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.gang = gang
 
     def execute(self, context: Any) -> Any:
-        cfg, gang = render_for_run(self.run, context["run_id"], context["ti"].try_number)
-        self.adopt(gang, cfg.compute.kubernetes.connection_id)
+        self._adopt_for(context)
         self.job_request_obj = self.build_job_request_obj(context)
         return self.execute_resumable(context)
+
+    def _adopt_for(self, context: Any) -> None:
+        cfg, gang = render_for_run(self.run, context["run_id"], context["ti"].try_number)
+        self.adopt(gang, cfg.compute.kubernetes.connection_id)
 
     # ResumableJobMixin -----------------------------------------------------------------------
     def submit_job(self, context: Any) -> dict[str, str]:
@@ -273,6 +276,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict[str, Any], **kwargs: Any) -> Any:
+        self._adopt_for(context)  # a resumed task is a fresh operator: connection, container name
         super().execute_complete(context, event, **kwargs)  # raises when the Job failed
         return self.get_job_result(None, context)
 
