@@ -1,57 +1,53 @@
-"""The evaluation gate: does the candidate beat the baseline by at least ``min_improvement``?
+"""The evaluation gate: is the candidate better than the baseline, by enough, with confidence?
 
-Compares bits per byte (tokenizer-independent). With no registered baseline the untrained
-initial model of the same architecture is the floor to beat.
+Pass when the one-sided lower confidence bound of the bits-per-byte improvement (paired
+bootstrap, ``eval.confidence``) is above zero and at least ``eval.min_improvement``. A tie (the
+same model twice) has a lower bound of exactly zero and fails: the champion moves only for a
+model that is measurably better.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from eval.score import Score
+from eval.stats import Interval, Paired, pair, paired_bootstrap
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     passed: bool
-    improvement_bpb: float
+    interval: Interval
+    unit: str                  # what was resampled: "sequence" or "document"
+    units: int
+    min_improvement: float
     reason: str
 
+    @property
+    def improvement_bpb(self) -> float:
+        return self.interval.point
 
-def decide(candidate: Score, baseline: Score, min_improvement: float) -> Decision:
-    gain = baseline.bits_per_byte - candidate.bits_per_byte
-    passed = gain >= min_improvement and gain > 0
-    verdict = "beats" if passed else "does not beat"
-    reason = (f"candidate {candidate.bits_per_byte:.4f} bpb {verdict} baseline "
-              f"{baseline.bits_per_byte:.4f} bpb (gain {gain:+.4f}, required >= {min_improvement:+.4f})")
-    return Decision(passed, gain, reason)
-
-
-def report(candidate: Score, baseline: Score, baseline_info: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    return {
-        "passed": decision.passed,
-        "reason": decision.reason,
-        "improvement_bpb": decision.improvement_bpb,
-        "candidate": candidate.summary(),
-        "baseline": {**baseline_info, **baseline.summary()},
-    }
+    def to_dict(self) -> dict:
+        iv = self.interval
+        return {"method": "paired bootstrap", "unit": self.unit, "units": self.units,
+                "confidence": iv.confidence, "samples": iv.samples, "seed": iv.seed,
+                "min_improvement": self.min_improvement, "improvement_bpb": iv.point,
+                "lower_bpb": iv.lower, "upper_bpb": iv.upper}
 
 
-def markdown(rep: dict[str, Any]) -> str:
-    c, b = rep["candidate"], rep["baseline"]
-    return "\n".join([
-        f"# Evaluation: {'PASSED' if rep['passed'] else 'FAILED'}", "", rep["reason"], "",
-        "| model | loss (nats/token) | bits per byte | perplexity | tokens |", "|---|---|---|---|---|",
-        f"| candidate | {c['loss']:.4f} | {c['bits_per_byte']:.4f} | {c['perplexity']:.2f} | {c['tokens']} |",
-        f"| baseline ({b.get('kind')}: {b.get('uri') or '-'}) | {b['loss']:.4f} | {b['bits_per_byte']:.4f} "
-        f"| {b['perplexity']:.2f} | {b['tokens']} |", ""])
-
-
-def write(folder: Path, rep: dict[str, Any]) -> Path:
-    from trainer.fsio import write_json_atomic, write_text_atomic
-
-    write_text_atomic(folder / "report.md", markdown(rep))
-    write_json_atomic(folder / "report.json", rep)
-    return folder / "report.json"
+def decide(candidate: Score, baseline: Score, baseline_label: str, min_improvement: float,
+           confidence: float, samples: int, seed: int) -> tuple[Decision, Paired]:
+    paired = pair(candidate, baseline)
+    iv = paired_bootstrap(paired, confidence, samples, seed)
+    passed = iv.lower > 0 and iv.lower >= min_improvement
+    bound = f"one-sided {confidence:.0%} lower bound {iv.lower:+.4f}"
+    if passed:
+        verdict = f"{bound} >= required {min_improvement:+.4f}"
+    elif iv.lower <= 0:
+        verdict = f"not significant: {bound} <= 0"
+    else:
+        verdict = f"{bound} < required {min_improvement:+.4f}"
+    reason = (f"candidate {candidate.bits_per_byte:.4f} bpb {'beats' if passed else 'does not beat'} "
+              f"{baseline_label} {baseline.bits_per_byte:.4f} bpb: improvement {iv.point:+.4f} bpb, {verdict} "
+              f"(paired bootstrap over {len(paired)} {paired.unit}s, {samples} resamples)")
+    return Decision(passed, iv, paired.unit, len(paired), min_improvement, reason), paired

@@ -32,10 +32,12 @@ EXIT_GATE, EXIT_INPUT = 1, 2
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from pipelines.documents import DocumentError
     from pipelines.manifest import ManifestError
+    from pipelines.promotion import LockTimeout
+    from pipelines.registry import RegistryUnavailable
     from pipelines.tokenize.bpe import TokenizerError
 
     return (ConfigError, ManifestError, DocumentError, TokenizerError, FileNotFoundError,
-            FileExistsError, LookupError, ValueError)
+            FileExistsError, LookupError, ValueError, RegistryUnavailable, LockTimeout)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -194,6 +196,30 @@ def summary(run_dir: Annotated[Path | None, typer.Argument(help="Run folder (def
             raise _fail(f"no registered run under {paths.taxiway_home() / 'runs'}", EXIT_INPUT)
         run_dir = done[-1].parent
     typer.echo(stages.summary(run_dir))
+
+
+@app.command()
+@_guard
+def generate(model: Annotated[str, typer.Argument(help="models:/NAME@ALIAS, models:/NAME/VERSION, or a model folder")],
+             prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="Prompt (repeatable)")],
+             max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+             temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy")] = 0.8,
+             top_k: Annotated[int, typer.Option(min=0, help="0 = all tokens")] = 40,
+             seed: int = 0, device: str = "auto") -> None:
+    """Continue each prompt with a registered model: weights and tokenizer come from MLflow."""
+    from eval.generate import complete
+    from eval.model_files import load_model, resolve_device
+    from pipelines import registry
+    from pipelines.config import TokenizerConfig
+    from pipelines.tokenize import bpe
+
+    folder, sha256 = registry.fetch_model(model)
+    model_obj, _ = load_model(folder, resolve_device(device), sha256)
+    eos = TokenizerConfig().eos_token
+    tok = bpe.load(folder / "tokenizer.json", eos)
+    for i, text in enumerate(prompt):
+        typer.echo(complete(model_obj, tok, text, max_new_tokens, temperature, top_k or None, seed + i,
+                            tok.token_to_id(eos), resolve_device(device)))
 
 
 @app.command("render-k8s")

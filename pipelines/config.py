@@ -308,18 +308,43 @@ class ComputeConfig(Section):
 
 
 class EvalConfig(Section):
+    """The evaluation gate: paired bootstrap of the bits-per-byte improvement over the baseline."""
+
     batch_size: PositiveInt = 16
     max_batches: int | None = Field(None, gt=0, description="Cap on validation batches; None = all")
-    min_improvement: float = Field(
-        0.0, description="Bits per byte the candidate must gain over the baseline to become champion")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when a GPU is visible")
     baseline: str = Field(
-        "champion", description="'champion' (registry alias), 'parent', 'init', or a models:/ URI")
+        "champion", pattern=r"^(champion|parent|floor|models:/.+)$",
+        description="'champion' (registry alias; the floor while none is registered), 'parent', 'floor', "
+                    "or a models:/NAME/VERSION or models:/NAME@ALIAS URI")
+    floor: Literal["unigram", "uniform"] = Field(
+        "unigram", description="What a model must beat with no baseline: the validation set's unigram entropy, "
+                               "or a uniform guess over the vocabulary")
+    min_improvement: float = Field(
+        0.0, ge=0.0, description="Bits per byte the candidate must gain (at the lower confidence bound) to pass")
+    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="One-sided confidence of the gate's lower bound")
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000, description="Paired bootstrap resamples")
+    seed: int = Field(0, description="Seed of the bootstrap and of the sampled generations")
+    prompts: list[Annotated[str, Field(min_length=1)]] = Field(
+        ["The ", "In the "], max_length=16, description="Fixed prompts whose generations the report shows")
+    generate_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(48, description="New tokens per generation")
+    temperature: float = Field(0.8, ge=0.0, description="Sampling temperature; 0 = greedy")
+    top_k: int | None = Field(40, gt=0, description="Sample from the k most likely tokens; None = all")
 
 
 class RegistryConfig(Section):
+    """MLflow registration: names, aliases, and how hard to try when the server is away."""
+
     model_name: str = Field("taxiway-gpt", min_length=1)
     champion_alias: str = "champion"
     challenger_alias: str = "challenger"
+    retries: Annotated[int, Field(ge=0, le=20)] = Field(
+        5, description="Retries of a transient MLflow failure (connection refused, database locked, 5xx)")
+    retry_backoff_s: float = Field(2.0, ge=0.0, description="First retry delay; doubles each retry, capped at 60 s")
+    lock_timeout_s: float = Field(
+        300.0, gt=0.0, description="Longest wait for the champion lock before registering as challenger")
+    max_reevaluations: Annotated[int, Field(ge=0, le=10)] = Field(
+        3, description="Re-evaluations against a champion that moved while this run was being evaluated")
 
 
 class RunConfig(Section):

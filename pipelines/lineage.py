@@ -1,14 +1,22 @@
-"""Lineage: what a registered model was made from, as MLflow tags and artifacts."""
+"""Lineage: what a registered model was made from, as MLflow tags, dataset inputs and artifacts.
+
+Months later a version's tags answer "which data, tokenizer, code, config and parent made this,
+and how did it score against what": every value is a content hash, a version, or a figure.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import effective_data
+
+WEIGHTS_TAG = "taxiway.weights_sha256"
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -29,26 +37,86 @@ def packed_info(run_dir: Path) -> dict[str, Any]:
     return {"path": pointer["path"], "key": pointer["key"], "manifest": packed}
 
 
+def parent_version(cfg: RunConfig, run_dir: Path) -> str:
+    """The parent as the concrete version training started from (an alias may have moved since)."""
+    if not cfg.parent:
+        return "none"
+    for folder in sorted((run_dir / "parent").glob("*-v*")):
+        name, _, version = folder.name.rpartition("-v")
+        if version.isdigit():
+            return f"models:/{name}/{version}"
+    return cfg.parent
+
+
 def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_version: str,
          airflow: dict[str, str]) -> dict[str, str]:
+    """The model version's lineage tags (DESIGN.md §3) and its evaluation against the baseline."""
     packed = packed_info(run_dir)
-    base = eval_report["baseline"]
     out = {
         "taxiway.config_sha256": cfg.sha256(),
         "taxiway.data_manifest_sha256": manifest.digest(effective_data(cfg, run_dir).data.manifest),
         "taxiway.packed_dataset": packed["key"],
         "taxiway.tokenizer_sha256": packed["manifest"]["tokenizer_sha256"],
+        WEIGHTS_TAG: manifest.sha256_file(run_dir / "model" / "model.safetensors"),
         "taxiway.code_version": code_version,
-        "taxiway.parent_model": cfg.parent or "none",
-        "taxiway.baseline": f"{base.get('kind')}:{base.get('uri') or '-'}",
-        "taxiway.eval.passed": str(eval_report["passed"]).lower(),
-        "taxiway.eval.bits_per_byte": f"{eval_report['candidate']['bits_per_byte']:.6f}",
-        "taxiway.eval.loss": f"{eval_report['candidate']['loss']:.6f}",
-        "taxiway.eval.baseline_bits_per_byte": f"{base['bits_per_byte']:.6f}",
-        "taxiway.eval.delta_bits_per_byte": f"{-eval_report['improvement_bpb']:+.6f}",
+        "taxiway.parent_model": parent_version(cfg, run_dir),
         "taxiway.run_dir": str(run_dir),
+        **{f"airflow.{k}": str(v) for k, v in airflow.items()},
     }
-    out.update({f"airflow.{k}": str(v) for k, v in airflow.items()})
+    return {**out, **eval_tags(eval_report)}
+
+
+def eval_tags(eval_report: dict[str, Any]) -> dict[str, str]:
+    """The evaluation part of the tags, rewritten when a re-evaluation replaces the report."""
+    c, b, g = eval_report["candidate"], eval_report["baseline"], eval_report["gate"]
+    return {
+        "taxiway.baseline": b["label"],
+        "taxiway.baseline_version": f"models:/{b['name']}/{b['version']}" if b.get("version") else "none",
+        "taxiway.eval.passed": str(eval_report["passed"]).lower(),
+        "taxiway.eval.loss": f"{c['loss']:.6f}",
+        "taxiway.eval.perplexity": f"{c['perplexity']:.4f}",
+        "taxiway.eval.bits_per_byte": f"{c['bits_per_byte']:.6f}",
+        "taxiway.eval.baseline_bits_per_byte": f"{b['bits_per_byte']:.6f}",
+        "taxiway.eval.delta_bits_per_byte": f"{-g['improvement_bpb']:+.6f}",
+        "taxiway.eval.lower_bound_bpb": f"{g['lower_bpb']:+.6f}",
+        "taxiway.eval.confidence": f"{g['confidence']}",
+        "taxiway.eval.bootstrap": f"{g['units']} {g['unit']}s x {g['samples']} resamples, seed {g['seed']}",
+    }
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A dataset input of the MLflow run: where it lives, its content digest, what it was used for."""
+
+    name: str
+    source: str
+    digest: str
+    context: str
+    tags: dict[str, str]
+
+
+def _split_digest(entries: list[manifest.Entry], split: str) -> tuple[str, int, int]:
+    rows = sorted((e.path, e.sha256) for e in entries if e.split == split)
+    digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return digest, len(rows), sum(e.bytes for e in entries if e.split == split)
+
+
+def datasets(cfg: RunConfig, run_dir: Path) -> list[DatasetRef]:
+    """The train and (possibly decontaminated) val splits as listed by the data manifest, and the
+    packed dataset the model actually read."""
+    data = effective_data(cfg, run_dir).data
+    entries = manifest.read(data.manifest)
+    out = []
+    for split, folder, context in (("train", data.train, "training"), ("val", data.val, "evaluation")):
+        digest, files, nbytes = _split_digest(entries, split)
+        out.append(DatasetRef(f"{cfg.name}-{split}", folder, digest[:32], context,
+                              {"manifest": str(data.manifest), "split": split, "files": str(files),
+                               "bytes": str(nbytes), "sha256": digest}))
+    packed = packed_info(run_dir)
+    out.append(DatasetRef(f"{cfg.name}-packed", packed["path"], packed["key"], "training",
+                          {"seq_len": str(packed["manifest"]["seq_len"]),
+                           "tokenizer_sha256": packed["manifest"]["tokenizer_sha256"],
+                           "windows": json.dumps({s: v["windows"] for s, v in packed["manifest"]["splits"].items()})}))
     return out
 
 
@@ -61,8 +129,15 @@ def artifacts(run_dir: Path) -> list[tuple[Path, str]]:
         (run_dir / "preflight" / "report.md", "preflight"),
         (run_dir / "preflight" / "overlap.png", "preflight"),
         (packed / "manifest.json", "packed"),
-        (run_dir / "eval" / "report.json", "eval"),
-        (run_dir / "eval" / "report.md", "eval"),
+        (packed / "tokenizer.json", "tokenizer"),
         (run_dir / "status.json", "train"),
+        *eval_artifacts(run_dir),
     ]
     return [(path, dest) for path, dest in wanted if path.exists()]
+
+
+def eval_artifacts(run_dir: Path) -> list[tuple[Path, str]]:
+    folder = run_dir / "eval"
+    return [(folder / name, "eval") for name in ("report.json", "report.md", "comparison.png", "per_unit.csv")
+            if (folder / name).exists()]
+

@@ -1,52 +1,146 @@
 """MLflow: baselines in, registered model versions with lineage out.
 
-One MLflow run per pipeline run (experiment = config name), keyed by the Airflow run id so a
-retried register task finds its own earlier run and version instead of creating a second.
-The ``champion`` alias moves only when the evaluation gate passed.
+One MLflow run per pipeline run (experiment = config name), keyed by the Airflow run id (tag
+``taxiway.run_key``) so a retried register task finds its own earlier run and version instead
+of creating a second: every step checks what exists before it writes, which also makes the
+whole registration safe to retry after a transient MLflow failure. Who becomes ``champion`` is
+decided in ``pipelines.promotion``, under a lock.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pipelines import lineage
-from pipelines.config import RunConfig
-from pipelines.paths import mlflow_artifact_root, mlflow_tracking_uri
+from pipelines import lineage, manifest
+from pipelines.config import RegistryConfig, RunConfig
+from pipelines.paths import cache_dir, mlflow_artifact_root, mlflow_tracking_uri
+
+log = logging.getLogger("taxiway.registry")
 
 RUN_KEY_TAG = "taxiway.run_key"
+T = TypeVar("T")
+
+
+class RegistryUnavailable(RuntimeError):
+    """MLflow could not be reached (or kept failing transiently) after every retry."""
 
 
 @dataclass(frozen=True)
 class Baseline:
     kind: str            # champion | parent | uri
     uri: str
+    name: str
     version: str
     folder: Path         # downloaded model folder (model.safetensors, model.json, tokenizer.json)
+    weights_sha256: str | None
+
+
+# --- connecting, with retries for what is transient -------------------------------------------
+
+def redacted(uri: str) -> str:
+    """The tracking URI without a password, fit for logs and error messages."""
+    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
+        scheme, rest = uri.split("://", 1)
+        auth, _, host = rest.partition("@")
+        return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}" if ":" in auth else uri
+    return uri
+
+
+def _is_database(uri: str) -> bool:
+    return uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying: the store was unreachable, busy, or rate limiting — not a bad request."""
+    import requests
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout,
+                             sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(seen, MlflowException):
+            if seen.error_code in ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"):
+                return True
+            if seen.message.startswith("API request to") and "failed with exception" in seen.message:
+                return True  # the REST client ran out of its own retries on a connection error
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def with_retries(reg: RegistryConfig, what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, retried with doubling back-off while it fails transiently; then a clear error."""
+    delay = reg.retry_backoff_s
+    for attempt in range(reg.retries + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            brief = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            if attempt == reg.retries:
+                raise RegistryUnavailable(
+                    f"MLflow at {redacted(mlflow_tracking_uri())} unavailable: {what} failed {attempt + 1} times "
+                    f"(registry.retries={reg.retries}); last error: {brief}") from None
+            log.warning("%s: MLflow unavailable (%s); retry %d/%d in %.1f s", what, brief, attempt + 1,
+                        reg.retries, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 60.0)
+    raise AssertionError("unreachable")
+
+
+def _ping(uri: str) -> None:
+    """Fail fast (and transiently) when the store is down, instead of MLflow's own ~100 s of retries."""
+    if uri.startswith("sqlite:"):
+        return
+    if _is_database(uri):
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10}, poolclass=sqlalchemy.NullPool)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    elif uri.startswith(("http://", "https://")):
+        import requests
+
+        response = requests.get(f"{uri.rstrip('/')}/health", timeout=10)
+        if response.status_code >= 500 or response.status_code == 429:
+            raise ConnectionError(f"{redacted(uri)}/health answered HTTP {response.status_code}")
 
 
 def client():
-    """A client bound to Taxiway's tracking URI, without touching MLflow's process-wide default."""
+    """A client bound to Taxiway's tracking URI, without touching MLflow's process-wide default;
+    raises a transient error at once when the store is unreachable."""
     from mlflow import MlflowClient
 
     uri = mlflow_tracking_uri()
+    _ping(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def _local_store(uri: str) -> bool:
-    """SQLite or file stores keep artifacts under TAXIWAY_HOME; a server decides for itself."""
-    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+def connect(reg: RegistryConfig):
+    return with_retries(reg, "connect", client)
 
 
-def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+# --- reading models -------------------------------------------------------------------------------
+
+def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` → (name, version, alias)."""
     if not uri.startswith("models:/"):
         raise ValueError(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
@@ -55,71 +149,94 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
         name, alias = body.split("@", 1)
         return name, None, alias
     name, _, version = body.partition("/")
-    return name, version or None, None
+    if not name or not version:
+        raise ValueError(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
+    return name, version, None
 
 
-def resolve_version(uri: str):
+def resolve_version(uri: str, reg: RegistryConfig | None = None):
     """The ModelVersion a models:/ URI names; a clear error when it does not exist."""
     from mlflow.exceptions import MlflowException
 
-    name, version, alias = _parse_models_uri(uri)
-    c = client()
-    try:
+    reg = reg or RegistryConfig()
+    name, version, alias = parse_models_uri(uri)
+
+    def get():
+        c = client()
         return c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
+
+    try:
+        return with_retries(reg, f"resolve {uri}", get)
     except MlflowException as exc:
         raise LookupError(f"{uri}: no such model version ({exc.message})") from None
 
 
-def download(mv, dest: Path) -> Path:
+def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
     """The version's model folder, ``dest/<name>-v<version>``: downloaded once into a staging
-    folder and renamed, so a retried task reuses a complete copy and never a partial one."""
+    folder and renamed, so a retried task reuses a complete copy and never a partial one. The
+    weights are checked against the sha256 recorded at registration."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     final = dest / f"{mv.name}-v{mv.version}"
     if (final / "model.safetensors").is_file():
         return final
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download.", dir=dest))
+    where = f"models:/{mv.name}/{mv.version}"
     try:
-        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp),
-                                                       tracking_uri=mlflow_tracking_uri()))
+        try:
+            got = Path(with_retries(reg or RegistryConfig(), f"download {where}", lambda: mlflow.artifacts.download_artifacts(
+                artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=mlflow_tracking_uri())))
+        except (MlflowException, OSError) as exc:
+            raise LookupError(f"{where}: its files at {mv.source} cannot be downloaded ({exc})") from None
         if not (got / "model.safetensors").is_file():
-            raise LookupError(f"models:/{mv.name}/{mv.version}: no model.safetensors in {mv.source}")
+            raise LookupError(f"{where}: no model.safetensors in {mv.source}")
+        expected = (mv.tags or {}).get(lineage.WEIGHTS_TAG)
+        if expected and manifest.sha256_file(got / "model.safetensors") != expected:
+            raise LookupError(f"{where}: model.safetensors at {mv.source} does not match the sha256 recorded "
+                              f"at registration ({expected[:12]}…); the stored copy is corrupt")
         os.rename(got, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
-def resolve_baseline(cfg: RunConfig, dest: Path) -> Baseline | None:
-    """The model to beat, or None (nothing registered yet, or ``eval.baseline: init``)."""
-    choice = cfg.eval.baseline
-    if choice == "init":
+def fetch_model(uri: str, reg: RegistryConfig | None = None) -> tuple[Path, str | None]:
+    """A model folder to load, and the weights sha256 recorded at registration: a models:/ URI is
+    downloaded once into ``$TAXIWAY_HOME/cache/models``; an existing folder is used as it is."""
+    if not uri.startswith("models:/") and Path(uri).is_dir():
+        return Path(uri), None
+    mv = resolve_version(uri, reg)
+    return download(mv, cache_dir() / "models", reg), (mv.tags or {}).get(lineage.WEIGHTS_TAG)
+
+
+def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> Baseline | None:
+    """The model to beat (``choice`` overrides ``eval.baseline``), or None: compare with the floor
+    (``floor``, or ``champion`` while no model holds the alias)."""
+    from pipelines import promotion
+
+    choice = choice or cfg.eval.baseline
+    reg = cfg.registry
+    if choice == "floor":
         return None
     if choice == "champion":
-        uri = f"models:/{cfg.registry.model_name}@{cfg.registry.champion_alias}"
-        try:
-            mv = resolve_version(uri)
-        except LookupError:
+        mv = with_retries(reg, "read the champion", lambda: promotion.current_champion(
+            client(), reg.model_name, reg.champion_alias))
+        if mv is None:
             return None
-        kind = "champion"
+        kind, uri = "champion", f"models:/{reg.model_name}@{reg.champion_alias}"
     else:
         uri = cfg.parent if choice == "parent" else choice
         if not uri:
             raise ValueError("eval.baseline: 'parent' needs a parent model (config field parent)")
-        mv = resolve_version(uri)
+        mv = resolve_version(uri, reg)
         kind = "parent" if choice == "parent" else "uri"
-    return Baseline(kind, uri, str(mv.version), download(mv, dest))
+    return Baseline(kind, uri, mv.name, str(mv.version), download(mv, dest, reg),
+                    (mv.tags or {}).get(lineage.WEIGHTS_TAG))
 
 
-def _experiment_id(name: str) -> str:
-    c = client()
-    exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    local = _local_store(mlflow_tracking_uri())
-    return c.create_experiment(name, artifact_location=f"{mlflow_artifact_root()}/{name}" if local else None)
-
+# --- writing a run and its model version ------------------------------------------------------------
 
 def code_version() -> str:
     """Git SHA of the code that ran (``TAXIWAY_CODE_VERSION`` wins, e.g. an image tag)."""
@@ -133,6 +250,21 @@ def code_version() -> str:
         return "unknown"
 
 
+def _experiment_id(c, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    server = mlflow_tracking_uri().startswith(("http://", "https://", "databricks"))
+    try:  # a server picks its own artifact store; a database store keeps artifacts under TAXIWAY_HOME
+        return c.create_experiment(name, artifact_location=None if server else f"{mlflow_artifact_root()}/{name}")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return c.get_experiment_by_name(name).experiment_id  # another run created it meanwhile
+
+
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -141,6 +273,35 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 def _ms(iso: str | None, default: int) -> int:
     """Milliseconds since the epoch of a metrics.jsonl UTC timestamp (MLflow's metric time)."""
     return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else default
+
+
+def _eval_metrics(report: dict[str, Any], step: int):
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    out = [Metric(f"eval.{who}.{key}", float(report[who][key]), now, step)
+           for who in ("candidate", "baseline") for key in ("loss", "bits_per_byte", "perplexity")]
+    gate = report["gate"]
+    out += [Metric(f"eval.{key}", float(gate[key]), now, step) for key in ("improvement_bpb", "lower_bpb", "upper_bpb")]
+    return out
+
+
+def _log_datasets(c, run_id: str, cfg: RunConfig, run_dir: Path) -> None:
+    """The data as MLflow dataset inputs (what ``mlflow.log_input`` logs, bound to this client)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs = []
+    for ref in lineage.datasets(cfg, run_dir):
+        with warnings.catch_warnings():  # MLflow registers its local-file source class twice and says so
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(ref.source)
+        dataset = MetaDataset(source, name=ref.name, digest=ref.digest)
+        tags = [InputTag(k, v) for k, v in ref.tags.items()] + [InputTag(MLFLOW_DATASET_CONTEXT, ref.context)]
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags))
+    c.log_inputs(run_id, datasets=inputs)
 
 
 def _find_run(c, experiment_id: str, run_key: str):
@@ -153,51 +314,90 @@ def _find_version(c, name: str, run_key: str):
     return versions[0] if versions else None
 
 
-def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
-    """Log the run to MLflow and register its model; idempotent per ``run_key``."""
+def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str], report: dict[str, Any]) -> str:
+    """The MLflow run of this pipeline run, logged in full once; an unfinished one (an attempt that
+    died while logging) is deleted and logged again."""
     from mlflow.entities import Metric, Param
 
-    run_dir = Path(run_dir)
-    c = client()
-    eval_report = json.loads((run_dir / "eval" / "report.json").read_text())
-    tags = lineage.tags(cfg, run_dir, eval_report, code_version(), airflow or {})
-    tags[RUN_KEY_TAG] = run_key
-    exp_id = _experiment_id(cfg.name)
-
+    exp_id = _experiment_id(c, cfg.name)
     run = _find_run(c, exp_id, run_key)
-    if run is not None and run.info.status != "FINISHED":
-        c.delete_run(run.info.run_id)  # an earlier attempt died while logging: start that run over
-        run = None
-    if run is None:
-        run = c.create_run(exp_id, run_name=run_key, tags=tags)
-        run_id = run.info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in lineage.flatten(cfg.model_dump(mode="json")).items()]
-        for i in range(0, len(params), 100):
-            c.log_batch(run_id, params=params[i:i + 100])
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, float(rec[key]), _ms(rec.get("time"), now), int(rec["step"]))
-                   for rec in _metrics(run_dir)
-                   for key in ("loss", "lr", "grad_norm", "tokens_per_s") if rec.get(key) is not None]
-        metrics += [Metric(f"eval.{who}.{key}", float(eval_report[who][key]), now, 0)
-                    for who in ("candidate", "baseline") for key in ("loss", "bits_per_byte", "perplexity")]
-        metrics.append(Metric("eval.improvement_bpb", float(eval_report["improvement_bpb"]), now, 0))
-        for i in range(0, len(metrics), 500):
-            c.log_batch(run_id, metrics=metrics[i:i + 500])
-        for rel, dest in lineage.artifacts(run_dir):
-            c.log_artifact(run_id, str(rel), artifact_path=dest)
-        c.log_artifacts(run_id, str(run_dir / "model"), artifact_path="model")
-        c.set_terminated(run_id)
-    run_id = run.info.run_id
+    if run is not None and run.info.status == "FINISHED":
+        return run.info.run_id
+    if run is not None:
+        c.delete_run(run.info.run_id)
+    run_id = c.create_run(exp_id, run_name=run_key, tags=tags).info.run_id
+    params = [Param(k, str(v)[:6000]) for k, v in lineage.flatten(cfg.model_dump(mode="json")).items()]
+    for i in range(0, len(params), 100):
+        c.log_batch(run_id, params=params[i:i + 100])
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(rec[key]), _ms(rec.get("time"), now), int(rec["step"]))
+               for rec in _metrics(run_dir)
+               for key in ("loss", "lr", "grad_norm", "tokens_per_s") if rec.get(key) is not None]
+    metrics += _eval_metrics(report, 0)
+    for i in range(0, len(metrics), 500):
+        c.log_batch(run_id, metrics=metrics[i:i + 500])
+    _log_datasets(c, run_id, cfg, run_dir)
+    for path, dest in lineage.artifacts(run_dir):
+        c.log_artifact(run_id, str(path), artifact_path=dest)
+    c.log_artifacts(run_id, str(run_dir / "model"), artifact_path="model")
+    c.set_terminated(run_id)
+    return run_id
 
-    name = cfg.registry.model_name
-    if c.search_registered_models(f"name = '{name}'") == []:
+
+def _model_version(c, name: str, run_id: str, run_key: str, tags: dict[str, str], description: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
         c.create_registered_model(name, description="Taxiway GPT models; see version tags for lineage.")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
     mv = _find_version(c, name, run_key)
     if mv is None:
         mv = c.create_model_version(name, source=f"{c.get_run(run_id).info.artifact_uri}/model", run_id=run_id,
-                                    tags=tags, description=eval_report["reason"])
-    alias = cfg.registry.champion_alias if eval_report["passed"] else cfg.registry.challenger_alias
-    c.set_registered_model_alias(name, alias, mv.version)
-    c.set_model_version_tag(name, mv.version, "taxiway.alias_reason", eval_report["reason"])
-    return {"model_name": name, "version": str(mv.version), "alias": alias, "run_id": run_id,
-            "experiment": cfg.name, "uri": f"models:/{name}/{mv.version}"}
+                                    tags=tags, description=description[:4000])
+    return mv
+
+
+def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None,
+             reevaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Log the run to MLflow, register its model, and move ``champion`` or ``challenger`` to it.
+
+    Idempotent per ``run_key``. ``reevaluate(baseline)`` re-runs the evaluation against another
+    baseline (a models:/ URI, or ``floor``) when the champion moved while this run was evaluated.
+    """
+    from pipelines import promotion
+
+    run_dir = Path(run_dir)
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    tags = {**lineage.tags(cfg, run_dir, report, code_version(), airflow or {}), RUN_KEY_TAG: run_key}
+    name = cfg.registry.model_name
+
+    def logged() -> tuple[str, Any]:
+        c = client()
+        run_id = _log_run(c, cfg, run_dir, run_key, tags, report)
+        return run_id, _model_version(c, name, run_id, run_key, tags, report["summary"])
+
+    run_id, mv = with_retries(cfg.registry, "register", logged)
+
+    def updated(new: dict[str, Any], attempt: int) -> None:
+        """A re-evaluation replaced the report: the run and the version say so."""
+        def write() -> None:
+            c = client()
+            c.log_batch(run_id, metrics=_eval_metrics(new, attempt))
+            for path, dest in lineage.eval_artifacts(run_dir):
+                c.log_artifact(run_id, str(path), artifact_path=dest)
+            for key, value in lineage.eval_tags(new).items():
+                c.set_model_version_tag(name, mv.version, key, value)
+            c.update_model_version(name, mv.version, description=new["summary"][:4000])
+
+        with_retries(cfg.registry, "record the re-evaluation", write)
+
+    def reeval(baseline: str, attempt: int) -> dict[str, Any]:
+        new = reevaluate(baseline)
+        updated(new, attempt)
+        return new
+
+    outcome = promotion.promote(cfg.registry, str(mv.version), report, reeval if reevaluate else None)
+    return {"model_name": name, "version": str(mv.version), "alias": outcome.alias, "reason": outcome.reason,
+            "run_id": run_id, "experiment": cfg.name, "uri": f"models:/{name}/{mv.version}"}

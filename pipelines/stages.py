@@ -185,50 +185,80 @@ def progress_ticker(run_dir: Path, emit: Callable[[str], None], every_s: float =
     return tick
 
 
-def evaluate(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    """Candidate vs baseline in bits per byte; writes ``eval/report.json``. The gate is in the report."""
-    import torch
-
+def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict[str, Any]:
+    """Candidate vs baseline in bits per byte, gated by a paired bootstrap; writes ``eval/``
+    (report.json last). ``baseline`` (a models:/ URI or ``floor``) overrides ``eval.baseline``:
+    registration passes the champion that moved while this run was evaluated."""
     from eval import gate
+    from eval import report as eval_report
+    from eval.floor import floor
+    from eval.model_files import load_model, resolve_device
     from eval.score import score
     from pipelines import registry
-    from pipelines import tokenize as tk
-    from pipelines.preflight.decontaminate import effective_data
-    from pipelines.tokenize import bpe
-    from trainer import weights
-    from trainer.model import GPT
 
-    packed = Path(lineage.packed_info(run_dir)["path"])
-    candidate, _ = weights.load(_require(run_dir / "model", "train"))
     e = cfg.eval
-    cand = score(candidate, packed, "val", e.batch_size, e.max_batches)
-    baseline = registry.resolve_baseline(cfg, run_dir / "eval" / "baseline")
-    if baseline is None:
-        torch.manual_seed(cfg.train.seed)
-        base = score(GPT(candidate.cfg), packed, "val", e.batch_size, e.max_batches)
-        info = {"kind": "init", "uri": None, "version": None}
+    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    packed = Path(lineage.packed_info(run_dir)["path"])
+    device = resolve_device(e.device)
+    candidate, _ = load_model(_require(run_dir / "model", "train"), device)
+    cand = score(candidate, packed, "val", e.batch_size, e.max_batches, device)
+    chosen = registry.resolve_baseline(cfg, run_dir / "eval" / "baseline", baseline)
+    if chosen is None:
+        base = floor(e.floor, packed, cand.sequences)
+        why = "eval.baseline=floor" if (baseline or e.baseline) == "floor" else "no champion registered"
+        info = {"kind": "floor", "floor": e.floor, "note": why, "label": f"{e.floor} floor",
+                "name": None, "uri": None, "version": None}
     else:
-        model, _ = weights.load(baseline.folder)
-        base_packed = packed
-        if bpe.file_sha256(baseline.folder / "tokenizer.json") != bpe.file_sha256(packed / "tokenizer.json"):
-            # the same (possibly decontaminated) val text, packed with the baseline's own tokenizer
-            data = effective_data(cfg, run_dir)
-            other = data.model_copy(update={"tokenizer": data.tokenizer.model_copy(
-                update={"path": str(baseline.folder / "tokenizer.json")})})
-            base_packed = tk.run(other, splits=("val",)).path
-        base = score(model, base_packed, "val", e.batch_size, e.max_batches)
-        info = {"kind": baseline.kind, "uri": baseline.uri, "version": baseline.version}
-    decision = gate.decide(cand, base, e.min_improvement)
-    report = gate.report(cand, base, info, decision)
-    gate.write(run_dir / "eval", report)
+        model, _ = load_model(chosen.folder, device, chosen.weights_sha256)
+        base = score(model, _baseline_packed(cfg, run_dir, packed, chosen.folder), "val", e.batch_size,
+                     e.max_batches, device)
+        info = {"kind": chosen.kind, "label": f"{chosen.kind} models:/{chosen.name}/{chosen.version}",
+                "name": chosen.name, "uri": chosen.uri, "version": chosen.version}
+    decision, paired = gate.decide(cand, base, info["label"], e.min_improvement, e.confidence,
+                                   e.bootstrap_samples, e.seed)
+    report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
+                               str(run_dir / "model"))
+    for name, data in eval_report.files(report, paired, decision).items():
+        atomic.write_bytes(run_dir / "eval" / name, data)
+    log.info("%s", report["reason"])
     return report
 
 
+def _baseline_packed(cfg: RunConfig, run_dir: Path, packed: Path, baseline_dir: Path) -> Path:
+    """The val split as the baseline reads it: the candidate's windows when the tokenizers match,
+    else the same (possibly decontaminated) val text packed with the baseline's own tokenizer."""
+    from pipelines import tokenize as tk
+    from pipelines.preflight.decontaminate import effective_data
+    from pipelines.tokenize import bpe
+
+    theirs = _require(baseline_dir / "tokenizer.json", "register (the baseline has no tokenizer.json)")
+    if bpe.file_sha256(theirs) == bpe.file_sha256(packed / "tokenizer.json"):
+        return packed
+    data = effective_data(cfg, run_dir)
+    other = data.model_copy(update={"tokenizer": data.tokenizer.model_copy(update={"path": str(theirs)})})
+    return tk.run(other, splits=("val",)).path
+
+
+def _generations(cfg: RunConfig, model, packed: Path, device: str) -> list[dict[str, Any]]:
+    """The candidate's continuations of ``eval.prompts``, seeded, for a person to read."""
+    from eval.generate import complete
+    from pipelines.tokenize import bpe
+
+    e = cfg.eval
+    tok = bpe.load(packed / "tokenizer.json", cfg.tokenizer.eos_token)
+    eos = tok.token_to_id(cfg.tokenizer.eos_token)
+    return [{"prompt": prompt, "seed": e.seed + i, "temperature": e.temperature, "top_k": e.top_k,
+             "text": complete(model, tok, prompt, e.generate_tokens, e.temperature, e.top_k, e.seed + i, eos, device)}
+            for i, prompt in enumerate(e.prompts)]
+
+
 def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
+    """Log and register the model; if the champion moved since evaluation, evaluate again against it."""
     from pipelines import registry
 
     _require(run_dir / "eval" / "report.json", "evaluate")
-    result = registry.register(cfg, run_dir, run_key, airflow)
+    result = registry.register(cfg, run_dir, run_key, airflow,
+                               reevaluate=lambda baseline: evaluate(cfg, run_dir, baseline))
     atomic.write_json(run_dir / "registry.json", result)
     return result
 
@@ -236,14 +266,20 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
 def summary(run_dir: Path) -> str:
     reg = json.loads(_require(run_dir / "registry.json", "register").read_text())
     ev = json.loads((run_dir / "eval" / "report.json").read_text())
-    c, b = ev["candidate"], ev["baseline"]
+    c, b, g = ev["candidate"], ev["baseline"], ev["gate"]
     return "\n".join([
         "Taxiway run summary",
         f"  registered model : {reg['model_name']} version {reg['version']} (alias '{reg['alias']}')",
         f"  model URI        : {reg['uri']}",
-        f"  validation loss  : {c['loss']:.4f} nats/token, {c['bits_per_byte']:.4f} bits/byte",
-        f"  baseline ({b['kind']:>8}): {b['loss']:.4f} nats/token, {b['bits_per_byte']:.4f} bits/byte",
-        f"  gate             : {'PASSED' if ev['passed'] else 'FAILED'} - {ev['reason']}",
+        f"  validation       : {c['loss']:.4f} nats/token, {c['bits_per_byte']:.4f} bits/byte, "
+        f"perplexity {c['perplexity']:.2f}",
+        f"  baseline         : {b['label']}{' (' + b['note'] + ')' if b.get('note') else ''}: "
+        f"{b['loss']:.4f} nats/token, {b['bits_per_byte']:.4f} bits/byte",
+        f"  gate             : {'PASSED' if ev['passed'] else 'FAILED'} - improvement {g['improvement_bpb']:+.4f} "
+        f"bits/byte, {g['confidence']:.0%} lower bound {g['lower_bpb']:+.4f} (required > 0 and "
+        f">= {g['min_improvement']:+.4f})",
+        f"  alias reason     : {reg.get('reason', ev['reason'])}",
         f"  MLflow run       : {reg['run_id']} (experiment '{reg['experiment']}')",
         f"  run folder       : {run_dir}",
+        f"  report           : {run_dir / 'eval' / 'report.md'}",
     ])

@@ -37,7 +37,7 @@ def test_dag_trains_and_registers_champion(dag, home: Path):
     reg = json.loads((run_dir / "registry.json").read_text())
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["candidate"]["loss"] < report["baseline"]["loss"]
-    assert report["baseline"]["kind"] == "init"
+    assert report["baseline"]["kind"] == "floor"
 
     c: MlflowClient = client()
     mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")

@@ -1,0 +1,82 @@
+"""The evaluation report: ``report.json`` (for machines), ``report.md`` (for people),
+``comparison.png`` and ``per_unit.csv`` (the paired figures the gate resampled)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from eval.gate import Decision
+from eval.plot import comparison_png
+from eval.score import Score
+from eval.stats import Paired
+
+
+def build(candidate: Score, baseline: Score, baseline_info: dict[str, Any], decision: Decision,
+          generations: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    rep = {
+        "passed": decision.passed,
+        "reason": decision.reason,
+        "improvement_bpb": decision.improvement_bpb,
+        "gate": decision.to_dict(),
+        "candidate": {"model": model, **candidate.summary()},
+        "baseline": {**baseline_info, **baseline.summary()},
+        "generations": generations,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    rep["summary"] = summary(rep)
+    return rep
+
+
+def summary(rep: dict[str, Any]) -> str:
+    """One paragraph: the registered version's description."""
+    c, b, g = rep["candidate"], rep["baseline"], rep["gate"]
+    against = (f"No baseline ({b['note']}): compared against the {b['floor']} floor of the validation set."
+               if b["kind"] == "floor" else f"Baseline: {b['label']}.")
+    return (f"{against} Gate {'PASSED' if rep['passed'] else 'FAILED'}: validation {c['bits_per_byte']:.4f} bits/byte "
+            f"(loss {c['loss']:.4f} nats/token, perplexity {c['perplexity']:.2f}) vs {b['bits_per_byte']:.4f}; "
+            f"improvement {g['improvement_bpb']:+.4f} bpb, one-sided {g['confidence']:.0%} lower bound "
+            f"{g['lower_bpb']:+.4f} (required > 0 and >= {g['min_improvement']:+.4f}; paired bootstrap over "
+            f"{g['units']} {g['unit']}s, {g['samples']} resamples, seed {g['seed']}).")
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    c, b, g = rep["candidate"], rep["baseline"], rep["gate"]
+    lines = [
+        f"# Evaluation: {'PASSED' if rep['passed'] else 'FAILED'}", "", rep["summary"], "", rep["reason"], "",
+        "| model | loss (nats/token) | bits per byte | perplexity | tokens | bytes |", "|---|---|---|---|---|---|",
+        f"| candidate | {c['loss']:.4f} | {c['bits_per_byte']:.4f} | {c['perplexity']:.2f} | {c['tokens']} | {c['bytes']} |",
+        f"| {b['label']} | {b['loss']:.4f} | {b['bits_per_byte']:.4f} | {b['perplexity']:.2f} | {b['tokens']} "
+        f"| {b['bytes']} |", "",
+        "| gate | value |", "|---|---|",
+        f"| improvement (baseline - candidate) | {g['improvement_bpb']:+.4f} bits/byte |",
+        f"| one-sided {g['confidence']:.0%} bounds | [{g['lower_bpb']:+.4f}, {g['upper_bpb']:+.4f}] |",
+        f"| required | > 0 and >= {g['min_improvement']:+.4f} |",
+        f"| paired bootstrap | {g['units']} {g['unit']}s, {g['samples']} resamples, seed {g['seed']} |", "",
+        "![per-unit comparison](comparison.png)", "",
+    ]
+    if rep["generations"]:
+        lines += ["## Generations", ""]
+        for gen in rep["generations"]:
+            lines += [f"Prompt `{gen['prompt']}` (seed {gen['seed']}, temperature {gen['temperature']}, "
+                      f"top-k {gen['top_k']}):", "", "```", gen["text"].replace("```", "'''"), "```", ""]
+    return "\n".join(lines)
+
+
+def per_unit_csv(paired: Paired) -> str:
+    rows = [f"{paired.unit},candidate_bits,candidate_bytes,baseline_bits,baseline_bytes"]
+    rows += [f"{i},{cb:.6f},{cy},{bb:.6f},{by}" for i, (cb, cy, bb, by) in enumerate(zip(
+        paired.cand_bits, paired.cand_bytes, paired.base_bits, paired.base_bytes, strict=True))]
+    return "\n".join(rows) + "\n"
+
+
+def files(rep: dict[str, Any], paired: Paired, decision: Decision) -> dict[str, bytes]:
+    """Every file of the report, ``report.json`` last (the stage's completion marker)."""
+    import json
+
+    return {
+        "per_unit.csv": per_unit_csv(paired).encode(),
+        "comparison.png": comparison_png(paired, decision, "candidate", rep["baseline"]["label"]),
+        "report.md": markdown(rep).encode(),
+        "report.json": (json.dumps(rep, indent=2) + "\n").encode(),
+    }

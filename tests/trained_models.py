@@ -1,0 +1,83 @@
+"""Run folders holding tiny GPTs of chosen quality, for the evaluation and registry tests.
+
+Preflight and tokenize run for real (the tokenize cache makes every run after the first a
+hit); the model is trained in this process for a given number of steps (more steps = a better
+model), which takes about a second instead of a gang launch. Trained folders are reused
+within a test session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from conftest import TINY
+
+
+def make_run(home: Path, label: str, steps: int, overrides: list[str] | None = None, seed: int = 0,
+             preflight: bool = False) -> Path:
+    """``home/runs/<label>``: config, packed data (and the preflight report when asked), and a
+    model trained ``steps`` steps."""
+    from pipelines import stages
+    from pipelines.config import load_config
+
+    cfg = load_config(TINY, overrides or [])
+    run_dir = home / "runs" / label
+    if (run_dir / "model" / "model.safetensors").exists():
+        return run_dir
+    stages.prepare(cfg, run_dir)
+    if preflight and not (run_dir / "preflight" / "report.json").exists():
+        stages.preflight(cfg, run_dir)
+    stages.tokenize(cfg, run_dir)
+    train_in_process(run_dir, cfg, steps, seed)
+    return run_dir
+
+
+def train_in_process(run_dir: Path, cfg, steps: int, seed: int) -> Path:
+    import torch
+
+    from trainer import weights
+    from trainer.data import PackedSplit
+    from trainer.model import GPT, GPTConfig
+
+    packed = Path(json.loads((run_dir / "tokenize" / "packed.json").read_text())["path"])
+    data = PackedSplit(packed, "train")
+    torch.manual_seed(seed)
+    m = cfg.model
+    gpt_cfg = GPTConfig(vocab_size=data.manifest["vocab_size"], n_layer=m.n_layer, n_head=m.n_head,
+                        n_embd=m.n_embd, block_size=m.block_size)
+    model = GPT(gpt_cfg)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    rng = np.random.default_rng(seed)
+    model.train()
+    for _ in range(steps):
+        x, y, d = (torch.from_numpy(a) for a in data.batch(rng.integers(0, len(data), 16)))
+        _, loss = model(x, y, d)
+        loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+    folder = run_dir / "model"
+    weights.export(model.state_dict(), gpt_cfg, folder, {"global_step": steps})
+    for name in ("tokenizer.json", "token_bytes.npy"):
+        shutil.copyfile(packed / name, folder / name)
+    return folder
+
+
+def clone_run(home: Path, src: Path, label: str, overrides: list[str]) -> Path:
+    """Another run folder (another config: model name, experiment, eval settings) holding the
+    same packed data and model as ``src``; no training."""
+    from pipelines import stages
+    from pipelines.config import load_config
+
+    cfg = load_config(TINY, overrides)
+    run_dir = home / "runs" / label
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    stages.prepare(cfg, run_dir)
+    for part in ("preflight", "tokenize", "model"):
+        if (src / part).exists():
+            shutil.copytree(src / part, run_dir / part)
+    return run_dir
