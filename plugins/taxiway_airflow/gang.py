@@ -52,7 +52,11 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         from pipelines import stages
 
         run_dir = _run_dir(self.run)
-        handle = stages.launch_gang(stages.load_run_config(run_dir), run_dir)
+        cfg = stages.load_run_config(run_dir)
+        if cfg.compute.launcher != "local":
+            raise AirflowFailException(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
+                                       "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
+        handle = stages.launch_gang(cfg, run_dir)
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
                  Path(handle.nodes[0].log).parent)
