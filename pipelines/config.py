@@ -112,14 +112,27 @@ class TrainConfig(Section):
     warmup_steps: Annotated[int, Field(ge=0)] = 100
     weight_decay: float = Field(0.1, ge=0.0)
     grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
+    decay: Literal["cosine", "linear"] = Field("cosine", description="LR decay after warmup, down to min_lr")
     seed: int = 1337
     log_every: PositiveInt = 10
     deterministic: bool = False
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp replicates the model per process; fsdp (FSDP2 fully_shard) shards it")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast on GPU, fp32 on CPU")
+    peak_tflops: float | None = Field(
+        None, gt=0.0, description="Peak TFLOP/s per device for the MFU metric; None = from the GPU's data sheet")
+    max_nonfinite_steps: PositiveInt = Field(
+        5, description="NaN/Inf loss or gradient skips the step; this many in a row stops the run")
+    spike_window: PositiveInt = Field(100, description="Steps of loss history for spike detection")
+    spike_sigma: float = Field(6.0, gt=0.0, description="A loss above mean + this many std devs is logged as a spike")
+    data_timeout_s: PositiveInt = Field(
+        300, description="No batch for this long: dump all thread stacks and fail (data-loader watchdog)")
 
 
 class CheckpointConfig(Section):
     every_steps: PositiveInt = 500
     keep_last_n: PositiveInt = 3
+    async_save: bool = Field(True, description="Write checkpoints in the background while training goes on")
 
 
 # --- compute.kubernetes: the pod spec of each training node (rendered by pipelines/launch/k8s.py) ---

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -40,7 +41,8 @@ def packed(tmp_path_factory):
 
 
 def _spec(cfg, packed_path: Path, run_dir: Path) -> TrainSpec:
-    return TrainSpec.load(write_trainer_spec(cfg, run_dir, packed_path))
+    """In this process: one rank (the config's gang would be 2 nodes)."""
+    return dataclasses.replace(TrainSpec.load(write_trainer_spec(cfg, run_dir, packed_path)), world_size=1)
 
 
 def _state(run_dir: Path) -> dict:
@@ -114,7 +116,8 @@ def test_sigterm_checkpoints_and_exits_canceled(packed, tmp_path: Path):
 
     cfg, path = packed
     run_dir = tmp_path / "cancel"
-    spec = write_trainer_spec(cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 100_000})}),
+    spec = write_trainer_spec(cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 100_000}),
+                                                     "compute": cfg.compute.model_copy(update={"nodes": 1})}),
                               run_dir, path)
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "--spec", str(spec)], env=os.environ,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -44,13 +44,15 @@ def smoke(spec: TrainSpec) -> int:
     folder = spec.run_dir / "train" / "smoke"
     shutil.rmtree(folder, ignore_errors=True)
     base = {**spec.train, "warmup_steps": 1, "log_every": 1}
-    ckpt = {"every_steps": 1, "keep_last_n": 2}
+    ckpt = {**spec.checkpoint, "every_steps": 1, "keep_last_n": 2}
     for steps in (2, 3):  # the second call must resume from the first call's step-2 checkpoint
-        code = train(dataclasses.replace(spec, run_dir=folder, train={**base, "steps": steps}, checkpoint=ckpt))
+        code = train(dataclasses.replace(spec, run_dir=folder, train={**base, "steps": steps}, checkpoint=ckpt,
+                                         world_size=1))
         if code != 0:
             return code
     status = json.loads((folder / "status.json").read_text())
-    ok = (status["state"] == "succeeded" and status["step"] == 3 and status["restarts"] == 1
+    # steps count from the parent's global step when there is one: 3 steps after it, not step 3
+    ok = (status["state"] == "succeeded" and status["step"] == status["total_steps"] and status["restarts"] == 1
           and status["loss"] is not None and math.isfinite(status["loss"]))
     print(json.dumps({"smoke": "passed" if ok else "failed", **status}))
     return 0 if ok else 1

@@ -1,19 +1,23 @@
 """Checkpoints that are either complete and verified or ignored.
 
-Layout: ``step-NNNNNNNN/`` with ``model.pt``, ``optim.pt``, ``rng-rank<R>.pt`` (every rank),
-``meta.json`` (global step, tokens seen, sampler state, config sha256, parent) and
+Layout: ``step-NNNNNNNN/`` with ``model.pt`` (full model state), ``optim.pt`` (full optimizer
+state keyed by parameter name), ``rng-rank<R>.pt`` (every rank), ``meta.json`` (global step,
+tokens seen, sampler position, LR schedule, grad-scaler state, config sha256, parent) and
 ``checksums.json``, written last, into ``step-NNNNNNNN.inprogress/`` and then renamed (after
 OLMo-core). Valid = renamed and every checksum matches. Resume takes the newest valid one.
+docs/trainer.md has the full contract.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +28,101 @@ from trainer.fsio import sha256_file, write_json_atomic
 
 log = logging.getLogger("trainer.checkpoint")
 _NAME = re.compile(r"^step-(\d{8})$")
+INPROGRESS = ".inprogress"
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
+def inprogress_dir(root: Path, step: int) -> Path:
+    return step_dir(root, step).with_suffix(INPROGRESS)
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def write_rank_state(root: Path, step: int, rank: int) -> None:
-    """Every rank saves its own RNG state into the in-progress folder."""
-    tmp = step_dir(root, step).with_suffix(".inprogress")
+    """Every rank saves its own RNG state into the in-progress folder (small; synchronous)."""
+    tmp = inprogress_dir(root, step)
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    _save_hashed(rng_state(), tmp / f"rng-rank{rank}.pt", lambda n: None)
 
 
-def finalize(root: Path, step: int, model_state: dict, optim_state: dict, meta: dict,
-             keep_last_n: int) -> Path:
-    """Rank 0, after every rank wrote its part: shared state, checksums last, atomic rename."""
-    tmp = step_dir(root, step).with_suffix(".inprogress")
-    torch.save(model_state, tmp / "model.pt")
-    torch.save(optim_state, tmp / "optim.pt")
+def clear_torn(root: Path) -> list[Path]:
+    """Remove in-progress folders left by a killed run (none is being written at startup)."""
+    torn = sorted(root.glob(f"step-*{INPROGRESS}")) if root.is_dir() else []
+    for path in torn:
+        shutil.rmtree(path, ignore_errors=True)
+    return torn
+
+
+class _HashingWriter:
+    """File wrapper that hashes and counts what ``torch.save`` writes: one pass, no re-read."""
+
+    def __init__(self, fh: Any, progress: Callable[[int], None]) -> None:
+        self.fh, self.progress, self.digest = fh, progress, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        self.progress(len(memoryview(data)))
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _save_hashed(obj: Any, path: Path, progress: Callable[[int], None]) -> str:
+    with open(path, "wb") as fh:
+        writer = _HashingWriter(fh, progress)
+        torch.save(obj, writer)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return writer.digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: dict, keep_last_n: int,
+           progress: Callable[[int], None] = lambda n: None,
+           after_model: Callable[[], None] = lambda: None) -> Path:
+    """Rank 0, after every rank wrote its RNG file: shared state, checksums last, atomic rename.
+
+    Runs in the background writer thread; ``progress`` is told every chunk written.
+    """
+    tmp = inprogress_dir(root, step)
+    tmp.mkdir(parents=True, exist_ok=True)
+    sums = {"model.pt": _save_hashed(model_state, tmp / "model.pt", progress)}
+    after_model()
+    sums["optim.pt"] = _save_hashed(optim_state, tmp / "optim.pt", progress)
     write_json_atomic(tmp / "meta.json", meta)
-    sums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    write_json_atomic(tmp / "checksums.json", sums)
+    for p in sorted(tmp.iterdir()):
+        if p.is_file() and p.name not in sums and not p.name.startswith("."):
+            sums[p.name] = sha256_file(p)
+    write_json_atomic(tmp / "checksums.json", dict(sorted(sums.items())))
     final = step_dir(root, step)
-    if final.exists():  # a resumed run re-saving a step it already saved
+    if final.exists():  # a resumed run re-saving a step whose old copy was found invalid
         shutil.rmtree(final)
     os.rename(tmp, final)
+    _fsync_dir(root)
     _prune(root, keep_last_n)
     return final
 
@@ -81,6 +144,9 @@ def is_valid(path: Path) -> tuple[bool, str]:
         sums = json.loads(sums_file.read_text())
     except json.JSONDecodeError:
         return False, "checksums.json is not valid JSON"
+    for name in ("model.pt", "optim.pt", "meta.json"):
+        if name not in sums:
+            return False, f"checksums.json does not list {name}"
     for name, expected in sums.items():
         file = path / name
         if not file.is_file():

@@ -1,7 +1,8 @@
 """The training loop, readable top to bottom (after torchtitan's train.py).
 
-setup distributed → build model → resume (newest valid checkpoint, else parent weights) →
-step loop (accumulate, clip, step, log, checkpoint, honour SIGTERM) → export weights.
+startup checks → build model → resume (newest valid checkpoint, else parent weights) → step loop
+(accumulate, clip, one health collective, skip or step, log, checkpoint asynchronously, honour
+SIGTERM) → wait for the last checkpoint → export weights.
 """
 
 from __future__ import annotations
@@ -9,44 +10,32 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import signal
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import checkpoint, weights
+from trainer import EXIT_CANCELED, EXIT_DATA_STALL, TrainerError, checkpoint, parallel, startup, weights
 from trainer.data import PackedSplit, ShardedSampler
+from trainer.events import Events
+from trainer.faults import Faults
+from trainer.health import DataWatchdog, LocalTimer, NonFiniteGuard, SpikeDetector, StragglerDetector
 from trainer.model import GPT
+from trainer.parallel import Dist
+from trainer.saver import Committed, Saver
+from trainer.schedule import Schedule
 from trainer.spec import TrainSpec
-from trainer.status import StatusWriter
+from trainer.status import StatusWriter, record_failure
+from trainer.throughput import flops_per_token, mfu, peak_flops
 
 log = logging.getLogger("trainer")
-
-EXIT_CANCELED = 143  # SIGTERM honoured: checkpoint saved, state ``canceled``
-
-
-def lr_at(step: int, t: dict) -> float:
-    """Linear warmup, then cosine decay from ``lr`` to ``min_lr`` at ``steps``."""
-    if step < t["warmup_steps"]:
-        return t["lr"] * (step + 1) / t["warmup_steps"]
-    progress = min(1.0, (step - t["warmup_steps"]) / max(1, t["steps"] - t["warmup_steps"]))
-    return t["min_lr"] + 0.5 * (1 + math.cos(math.pi * progress)) * (t["lr"] - t["min_lr"])
-
-
-def _setup_distributed(spec: TrainSpec) -> tuple[int, int, torch.device]:
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    cuda = torch.cuda.is_available() and spec.backend != "gloo"
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1:
-        dist.init_process_group(backend=spec.backend if spec.backend != "auto" else ("nccl" if cuda else "gloo"))
-    return rank, world, device
 
 
 def _optimizer(model: torch.nn.Module, t: dict) -> torch.optim.Optimizer:
@@ -57,141 +46,342 @@ def _optimizer(model: torch.nn.Module, t: dict) -> torch.optim.Optimizer:
 
 
 class _Termination:
-    """SIGTERM sets a flag; the loop finishes its step, checkpoints and exits ``EXIT_CANCELED``."""
+    """SIGTERM sets a flag; the loop finishes its step, checkpoints and exits ``EXIT_CANCELED``.
 
-    def __init__(self) -> None:
+    If that takes longer than ``grace_s`` (the launcher's SIGKILL is coming), the process
+    records the cancel without a new checkpoint and exits ``EXIT_CANCELED`` itself.
+    """
+
+    def __init__(self, grace_s: float, on_timeout: Any) -> None:
         self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
+        self.grace_s, self.on_timeout = grace_s, on_timeout
+        self._timer: threading.Timer | None = None
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
 
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.requested:
+            self.requested = True
+            self._timer = threading.Timer(self.grace_s, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
 
-    def agreed(self, world: int) -> bool:
-        if world == 1:
-            return self.requested
-        flag = torch.tensor([1.0 if self.requested else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    def _expire(self) -> None:
+        try:
+            self.on_timeout(f"SIGTERM grace period of {self.grace_s:g} s ran out before the checkpoint completed")
+        finally:
+            os._exit(EXIT_CANCELED)
+
+    def restore(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        signal.signal(signal.SIGTERM, self._previous)
 
 
 def train(spec: TrainSpec) -> int:
+    """Run (or resume) one training job on this rank; returns the process exit code."""
     t = spec.train
     torch.set_num_threads(spec.threads)
-    if t.get("deterministic"):
+    if t["deterministic"]:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    rank, world, device = _setup_distributed(spec)
+    rank = int(os.environ.get("RANK", 0))
     status = StatusWriter(spec.run_dir, t["steps"], enabled=rank == 0)
     status.update(state="initializing", force=True)
-    term = _Termination()
+    events = Events(spec.run_dir, rank, to_file=rank == 0)
+
+    def canceled_late(reason: str) -> None:
+        status.update(state="canceled", error=reason, force=True)
+        events.emit("canceled", logging.ERROR, reason=reason)
+
+    term = _Termination(spec.cancel_grace_s, canceled_late)
     try:
-        code = _run(spec, t, rank, world, device, status, term)
+        ctx = parallel.setup(spec.backend)
+        if ctx.backend:
+            events.emit("rendezvous_reached", backend=ctx.backend, world_size=ctx.world,
+                        seconds=round(ctx.rendezvous_s, 3),
+                        master=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+        faults = Faults.from_env()
+        startup.run(ctx, spec.world_size, events, faults)
+        return _Run(spec, ctx, status, events, term, faults).run()
+    except TrainerError as exc:
+        status.update(state="failed", error=str(exc), force=True)
+        events.emit("failed", logging.ERROR, error=str(exc), exit_code=exc.code)
+        return exc.code
     except Exception as exc:
         status.update(state="failed", error=f"{type(exc).__name__}: {exc}", force=True)
         raise
     finally:
+        term.restore()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return code
 
 
-def _run(spec: TrainSpec, t: dict, rank: int, world: int, device: torch.device,
-         status: StatusWriter, term: _Termination) -> int:
-    torch.manual_seed(t["seed"])
-    np.random.seed(t["seed"] + rank)
-    model = GPT(spec.model).to(device)
-    data = PackedSplit(spec.data, "train")
-    sampler = ShardedSampler(len(data), t["batch_size"], rank, world, t["seed"])
-    optim = _optimizer(model, t)
-    step, tokens_seen = 0, 0
+class _Run:
+    """One attempt of one job on one rank: the state the loop carries between steps."""
 
-    resume = checkpoint.latest_valid(spec.checkpoints)
-    if resume is not None:
-        state = checkpoint.load(resume, rank)
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        sampler.load_state_dict(state["meta"]["sampler"])
-        step, tokens_seen = state["meta"]["global_step"], state["meta"]["tokens_seen"]
-        if state["rng"] is not None:
-            checkpoint.set_rng_state(state["rng"])
-        log.info("resumed from %s at step %d", resume, step)
-        status.update(last_checkpoint=str(resume))
-    elif spec.parent:
-        parent, _ = weights.load(spec.parent["weights"])
-        model.load_state_dict(parent.state_dict())
-        log.info("initialised weights from parent %s", spec.parent.get("uri"))
+    def __init__(self, spec: TrainSpec, ctx: Dist, status: StatusWriter, events: Events, term: _Termination,
+                 faults: Faults) -> None:
+        self.spec, self.ctx, self.status, self.events, self.term, self.faults = spec, ctx, status, events, term, faults
+        self.t = spec.train
+        self.kind = self.t["parallel"]
+        self.step = self.tokens_seen = 0
+        self.parent_uri = (spec.parent or {}).get("uri")
+        self.saver = Saver(spec.checkpoints, spec.checkpoint["keep_last_n"], spec.checkpoint["async_save"],
+                           pin=ctx.device.type == "cuda",
+                           after_model=lambda step: faults.maybe_hold("write", step, spec.run_dir))
 
-    ddp = DDP(model) if world > 1 else model
-    tokens_per_step = t["batch_size"] * t["grad_accum"] * data.seq_len * world
-    status.update(state="running", step=step, tokens_seen=tokens_seen, force=True)
-    window_start, window_tokens = time.perf_counter(), 0
+    # --- setup ------------------------------------------------------------------------------
 
-    while step < t["steps"]:
-        lr = lr_at(step, t)
-        for group in optim.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(t["grad_accum"]):
-            x, y, d = (torch.from_numpy(a).to(device) for a in data.batch(sampler.next_indices()))
-            sync = micro == t["grad_accum"] - 1 or world == 1
-            with (nullcontext() if sync else ddp.no_sync()):
-                _, loss = ddp(x, y, d)
-                (loss / t["grad_accum"]).backward()
-            loss_sum += loss.detach()
-        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
-                     if t["grad_clip"] > 0 else torch.zeros(()))
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        window_tokens += tokens_per_step
+    def _resume_point(self) -> str | None:
+        """Rank 0 removes torn folders and picks the newest valid checkpoint; every rank uses it."""
+        choice: list[Any] = [None]
+        if self.ctx.rank == 0:
+            for torn in checkpoint.clear_torn(self.spec.checkpoints):
+                self.events.emit("torn_checkpoint_removed", logging.WARNING, path=str(torn))
+            newest = checkpoint.latest_valid(self.spec.checkpoints)
+            choice = [str(newest) if newest else None]
+        if self.ctx.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
 
-        last = step == t["steps"]
-        if step % t["log_every"] == 0 or last:
-            mean_loss = loss_sum / t["grad_accum"]
-            if world > 1:
-                dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG)
-            elapsed = time.perf_counter() - window_start
-            tps = window_tokens / max(elapsed, 1e-9)
-            record = {"step": step, "loss": round(mean_loss.item(), 5), "lr": lr,
-                      "grad_norm": round(float(grad_norm), 5), "tokens_seen": tokens_seen,
-                      "tokens_per_s": round(tps, 1)}
-            status.log_metrics(record)
-            status.update(step=step, loss=record["loss"], tokens_seen=tokens_seen, tokens_per_s=record["tokens_per_s"])
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"loss is {record['loss']} at step {step}")
-            window_start, window_tokens = time.perf_counter(), 0
+    def _build(self) -> None:
+        spec, t, ctx = self.spec, self.t, self.ctx
+        torch.manual_seed(t["seed"])
+        np.random.seed(t["seed"] + ctx.rank)
+        random.seed(t["seed"] + ctx.rank)
+        self.model = GPT(spec.model)
+        self.data = PackedSplit(spec.data, "train")
+        self.sampler = ShardedSampler(len(self.data), t["batch_size"], ctx.rank, ctx.world, t["seed"])
+        origin, start_lr, state = 0, None, None
+        self.skipped_before = 0
+        resume = self._resume_point()
+        if resume is not None:
+            state = checkpoint.load(Path(resume), ctx.rank)
+            meta = state["meta"]
+            self.model.load_state_dict(state["model"])
+            self.sampler.load_state_dict(meta["sampler"])
+            self.step, self.tokens_seen = meta["global_step"], meta["tokens_seen"]
+            origin, start_lr = meta["lr_schedule"]["origin_step"], meta["lr_schedule"]["start_lr"]
+            self.parent_uri = meta.get("parent", self.parent_uri)
+            self.skipped_before = meta.get("skipped_steps", 0)
+            self.events.emit("resumed", path=resume, global_step=self.step, tokens_seen=self.tokens_seen,
+                             rng_restored=state["rng"] is not None)
+            if meta["config_sha256"] != spec.config_sha256:
+                self.events.emit("config_changed", logging.WARNING, checkpoint_sha256=meta["config_sha256"],
+                                 config_sha256=spec.config_sha256)
+            self.status.update(last_checkpoint=resume)
+        elif spec.parent:
+            origin, start_lr = self._load_parent()
+        self.model.to(ctx.device)
+        precision = t["precision"]
+        self.bf16 = precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda")
+        self.wrapped = parallel.wrap(self.model, self.kind, ctx, self.bf16)
+        self.optim = _optimizer(self.model, t)
+        if state is not None:
+            parallel.load_optimizer(self.model, self.optim, state["optim"], self.kind)
+            if state["rng"] is not None:
+                checkpoint.set_rng_state(state["rng"])
+        self.schedule = Schedule.from_config(t, origin, start_lr)
+
+    def _load_parent(self) -> tuple[int, float | None]:
+        """Weights from the parent; global step, tokens seen and the LR continue from its metadata."""
+        parent, info = weights.load(self.spec.parent["weights"])
+        try:
+            self.model.load_state_dict(parent.state_dict())
+        except RuntimeError as exc:
+            raise TrainerError(f"parent {self.parent_uri} ({self.spec.parent['weights']}) does not fit the "
+                               f"configured model: {exc}") from None
+        self.step = self.tokens_seen = 0
+        if "global_step" in info:
+            self.step, self.tokens_seen = int(info["global_step"]), int(info.get("tokens_seen", 0))
         else:
-            status.update(step=step, tokens_seen=tokens_seen)
+            self.events.emit("parent_without_training_metadata", logging.WARNING, uri=self.parent_uri)
+        start_lr = info.get("final_lr")
+        self.events.emit("parent_loaded", uri=self.parent_uri, global_step=self.step, tokens_seen=self.tokens_seen,
+                         start_lr=start_lr)
+        return self.step, start_lr
 
-        stop = term.agreed(world)
-        if step % spec.checkpoint["every_steps"] == 0 or last or stop:
-            _save(spec, model, optim, sampler, step, tokens_seen, rank, world, status)
-        if stop:
-            status.update(state="canceled", force=True)
-            return EXIT_CANCELED
+    # --- the loop ---------------------------------------------------------------------------
 
-    if rank == 0:
-        weights.export(model, spec.export_dir, {"global_step": step, "tokens_seen": tokens_seen,
-                                                "config_sha256": spec.config_sha256})
-    if world > 1:
-        dist.barrier()
-    status.update(state="succeeded", step=step, force=True)
-    return 0
+    def run(self) -> int:
+        spec, t, ctx = self.spec, self.t, self.ctx
+        self._build()
+        watchdog = DataWatchdog(t["data_timeout_s"], spec.run_dir / "train" / f"stacks-rank{ctx.rank}.txt",
+                                lambda reason: record_failure(spec.run_dir, f"rank {ctx.rank}: {reason}"),
+                                EXIT_DATA_STALL)
+        try:
+            return self._loop(watchdog)
+        finally:
+            watchdog.close()
+            try:
+                self.saver.wait()  # a checkpoint already requested completes even when the loop failed
+            except Exception:
+                log.exception("checkpoint write failed")
+            self.saver.close()
+
+    def _loop(self, watchdog: DataWatchdog) -> int:
+        spec, t, ctx, status, events = self.spec, self.t, self.ctx, self.status, self.events
+        accum, world, device = t["grad_accum"], ctx.world, ctx.device
+        tokens_per_step = t["batch_size"] * accum * self.data.seq_len * world
+        autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if self.bf16 else nullcontext
+        guard = NonFiniteGuard(t["max_nonfinite_steps"])
+        guard.skipped = self.skipped_before
+        spikes = SpikeDetector(t["spike_window"], t["spike_sigma"])
+        stragglers = StragglerDetector(world)
+        timer = LocalTimer(device)
+        flops_token = flops_per_token(self.model, self.data.seq_len)
+        peak = peak_flops(device, self.bf16, t["peak_tflops"])
+        end = self.schedule.end_step
+        status.update(state="running", step=self.step, total_steps=end, tokens_seen=self.tokens_seen, force=True)
+        events.emit("training_started", step=self.step, end_step=end, world_size=world, parallel=self.kind,
+                    bf16=self.bf16, tokens_per_step=tokens_per_step, flops_per_token=flops_token)
+        window_start, window_tokens = time.perf_counter(), 0
+
+        while self.step < end:
+            step_started = time.perf_counter()
+            lr = self.schedule.lr(self.step)
+            for group in self.optim.param_groups:
+                group["lr"] = lr
+            timer.begin()
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                with watchdog.waiting(self.step + 1):
+                    self.faults.before_batch(ctx.rank, self.step + 1)
+                    batch = self.data.batch(self.sampler.next_indices())
+                x, y, d = (torch.from_numpy(a).to(device, non_blocking=True) for a in batch)
+                last = micro == accum - 1
+                with parallel.grad_sync(self.wrapped, self.kind, last):
+                    with autocast():
+                        _, loss = self.wrapped(x, y, d)
+                    if last:
+                        timer.mark()
+                    (loss / accum).backward()
+                loss_sum += loss.detach()
+            if self.step + 1 in self.faults.nan_steps:
+                loss_sum = loss_sum * float("nan")
+            grad_norm = parallel.clip_grad_norm(self.model, t["grad_clip"])
+
+            # one collective per step: stop flag, non-finite flag, loss, grad norm, every rank's time
+            health = torch.zeros(4 + world, device=device)
+            health[0] = float(self.term.requested)
+            health[1] = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float()
+            health[2] = loss_sum / accum
+            health[3] = grad_norm
+            health[4 + ctx.rank] = timer.seconds()
+            if world > 1:
+                dist.all_reduce(health)
+            values = health.tolist()
+            stop, finite = values[0] > 0, values[1] == 0
+            loss_value, norm_value, rank_times = values[2] / world, values[3] / world, values[4:]
+
+            if guard.observe(finite, self.step + 1):
+                events.emit("nonfinite_step_skipped", logging.WARNING, step=self.step + 1, streak=guard.streak,
+                            loss=_finite_or_none(loss_value), grad_norm=_finite_or_none(norm_value))
+            else:
+                self.optim.step()
+                if (spike := spikes.observe(loss_value)) is not None:
+                    events.emit("loss_spike", logging.WARNING, step=self.step + 1, **spike)
+            self.optim.zero_grad(set_to_none=True)
+            self.step += 1
+            self.tokens_seen += tokens_per_step
+            window_tokens += tokens_per_step
+            if ctx.rank == 0 and self.kind != "fsdp" and not self.saver.reserved:
+                self.saver.reserve(parallel.full_state(self.model, self.optim, self.kind)[:2])
+            self._note_slow_ranks(stragglers.observe(rank_times), rank_times)
+            if ctx.rank == 0:
+                self.faults.maybe_hold("step", self.step, spec.run_dir)
+            self._drain()
+
+            final = self.step == end
+            if self.step % t["log_every"] == 0 or final:
+                elapsed = time.perf_counter() - window_start
+                tps = window_tokens / max(elapsed, 1e-9)
+                util = mfu(flops_token, tps, peak, world)
+                record = {"step": self.step, "loss": _finite_or_none(loss_value, 5), "lr": lr,
+                          "grad_norm": _finite_or_none(norm_value, 5), "tokens_seen": self.tokens_seen,
+                          "tokens_per_s": round(tps, 1), "mfu": None if util is None else round(util, 4),
+                          "step_time_s": round(time.perf_counter() - step_started, 5),
+                          "rank_step_time_s": [round(s, 5) for s in rank_times], "skipped_steps": guard.skipped}
+                status.log_metrics(record)
+                status.update(step=self.step, loss=record["loss"], tokens_seen=self.tokens_seen,
+                              tokens_per_s=record["tokens_per_s"], mfu=record["mfu"], skipped_steps=guard.skipped)
+                window_start, window_tokens = time.perf_counter(), 0
+            else:
+                status.update(step=self.step, tokens_seen=self.tokens_seen, skipped_steps=guard.skipped)
+
+            if self.step % spec.checkpoint["every_steps"] == 0 or final or stop:
+                if stop:
+                    status.update(state="canceling", force=True)
+                self._save(guard.skipped, wait=final or stop)
+            if stop:
+                status.update(state="canceled", force=True)
+                events.emit("canceled", step=self.step, reason="SIGTERM")
+                return EXIT_CANCELED
+
+        self.saver.wait(self._heartbeat)
+        self._drain()
+        self._export()
+        status.update(state="succeeded", step=self.step, force=True)
+        events.emit("succeeded", step=self.step, tokens_seen=self.tokens_seen, skipped_steps=guard.skipped)
+        return 0
+
+    # --- pieces of a step -------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        self.status.update(force=True)
+
+    def _note_slow_ranks(self, slow: list[int], times: list[float]) -> None:
+        if slow != self.status.fields["slow_ranks"]:
+            self.events.emit("slow_ranks", logging.WARNING if slow else logging.INFO, step=self.step, ranks=slow,
+                             rank_step_time_s=[round(s, 5) for s in times])
+            self.status.update(slow_ranks=slow, force=True)
+
+    def _save(self, skipped: int, wait: bool) -> None:
+        """Every rank writes its RNG state; rank 0 snapshots the full state and hands it to the writer."""
+        spec, ctx = self.spec, self.ctx
+        started = time.perf_counter()
+        self.status.update(force=True, **({"state": "checkpointing"} if self.status.fields["state"] == "running" else {}))
+        checkpoint.write_rank_state(spec.checkpoints, self.step, ctx.rank)
+        full = parallel.full_state(self.model, self.optim, self.kind) if ctx.rank == 0 or self.kind == "fsdp" else None
+        if ctx.world > 1:
+            dist.barrier()  # every rank's RNG file is on disk before rank 0 lists the folder
+        if ctx.rank == 0:
+            model_state, optim_state, fresh = full
+            meta = {"global_step": self.step, "tokens_seen": self.tokens_seen, "sampler": self.sampler.state_dict(),
+                    "lr_schedule": self.schedule.to_dict(), "grad_scaler": None, "skipped_steps": skipped,
+                    "config_sha256": spec.config_sha256, "parent": self.parent_uri, "world_size": ctx.world,
+                    "parallel": self.kind}
+            self.saver.save(self.step, model_state, optim_state, meta, fresh, heartbeat=self._heartbeat)
+            if wait:
+                self.saver.wait(self._heartbeat)
+            self.events.emit("checkpoint_saved", step=self.step, blocked_s=round(time.perf_counter() - started, 5),
+                             async_save=self.saver.async_save and not wait)
+        self._drain()
+
+    def _drain(self) -> None:
+        for done in self.saver.drain():
+            self._committed(done)
+
+    def _committed(self, done: Committed) -> None:
+        self.events.emit("checkpoint_committed", step=done.step, path=str(done.path), write_s=round(done.write_s, 4))
+        fields: dict[str, Any] = {"last_checkpoint": str(done.path)}
+        if self.status.fields["state"] == "checkpointing":
+            fields["state"] = "running"
+        self.status.update(force=True, **fields)
+
+    def _export(self) -> None:
+        state = parallel.full_model_state(self.model, self.kind)  # FSDP: a collective, rank 0 gets it all
+        if self.ctx.rank == 0:
+            extra = {"global_step": self.step, "tokens_seen": self.tokens_seen, "config_sha256": self.spec.config_sha256,
+                     "parent": self.parent_uri, "lr_schedule": self.schedule.to_dict(),
+                     "final_lr": self.schedule.lr(self.step - 1)}
+            path = weights.export(state, self.spec.model, self.spec.export_dir, extra)
+            self.events.emit("exported", path=str(path), global_step=self.step)
+        if self.ctx.world > 1:
+            dist.barrier()
 
 
-def _save(spec: TrainSpec, model: GPT, optim: torch.optim.Optimizer, sampler: ShardedSampler,
-          step: int, tokens_seen: int, rank: int, world: int, status: StatusWriter) -> None:
-    status.update(state="checkpointing", force=True)
-    checkpoint.write_rank_state(spec.checkpoints, step, rank)
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        meta = {"global_step": step, "tokens_seen": tokens_seen, "sampler": sampler.state_dict(),
-                "config_sha256": spec.config_sha256, "parent": (spec.parent or {}).get("uri"),
-                "world_size": world}
-        path = checkpoint.finalize(spec.checkpoints, step, model.state_dict(), optim.state_dict(), meta,
-                                   spec.checkpoint["keep_last_n"])
-        status.update(last_checkpoint=str(Path(path)))
-    if world > 1:
-        dist.barrier()
-    status.update(state="running", force=True)
+def _finite_or_none(value: float, digits: int | None = None) -> float | None:
+    if not math.isfinite(value):
+        return None
+    return round(value, digits) if digits is not None else value

@@ -23,7 +23,9 @@ class TrainSpec:
     config_sha256: str
     backend: str = "auto"
     threads: int = 1
-    parent: dict[str, Any] | None = None  # {"uri": ..., "weights": path to model.safetensors}
+    parent: dict[str, Any] | None = None  # {"uri": ..., "weights": folder with model.safetensors + model.json}
+    world_size: int | None = None         # processes the config asks for; a different count fails at startup
+    cancel_grace_s: float = 25.0          # after SIGTERM, exit within this long even without a checkpoint
 
     @classmethod
     def load(cls, path: str | Path) -> TrainSpec:
@@ -31,7 +33,8 @@ class TrainSpec:
         return cls(run_dir=Path(raw["run_dir"]), data=Path(raw["data"]), model=GPTConfig(**raw["model"]),
                    train=raw["train"], checkpoint=raw["checkpoint"], config_sha256=raw["config_sha256"],
                    backend=raw.get("backend", "auto"), threads=raw.get("threads", 1),
-                   parent=raw.get("parent"))
+                   parent=raw.get("parent"), world_size=raw.get("world_size"),
+                   cancel_grace_s=raw.get("cancel_grace_s", 25.0))
 
     @property
     def checkpoints(self) -> Path:

@@ -1,6 +1,8 @@
 """``status.json`` (rewritten atomically) and ``metrics.jsonl`` (appended), rank 0 only.
 
 The orchestrator's sensors read these files; the trainer never talks to a tracking server.
+``status.json`` is rewritten at every state change and otherwise at most every ``every_s``
+seconds; ``heartbeat_at`` is the time of the last rewrite.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class StatusWriter:
             "state": "pending", "step": 0, "total_steps": total_steps, "tokens_seen": 0,
             "loss": None, "tokens_per_s": None, "mfu": None, "heartbeat_at": None,
             "last_checkpoint": None, "restarts": 0, "error": None,
+            # beyond DESIGN's fields: health at a glance
+            "slow_ranks": [], "skipped_steps": 0,
         }
         if enabled and self.path.exists():
             previous = json.loads(self.path.read_text())
@@ -47,3 +51,13 @@ class StatusWriter:
         if self.enabled:
             with open(self.metrics, "a") as fh:
                 fh.write(json.dumps({"time": utc_now(), **record}) + "\n")
+
+
+def record_failure(run_dir: Path, error: str) -> None:
+    """Any rank, about to die without rank 0's help (watchdog): mark the run failed with ``error``."""
+    path = run_dir / "status.json"
+    try:
+        fields = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        fields = {}
+    write_json_atomic(path, {**fields, "state": "failed", "error": error, "heartbeat_at": utc_now()})

@@ -13,15 +13,19 @@ from trainer.model import GPT, GPTConfig
 _TIED = "lm_head.weight"
 
 
-def export(model: GPT, folder: Path, extra: dict | None = None) -> Path:
-    """Write ``model.safetensors`` and ``model.json`` into ``folder`` atomically (staged + rename)."""
+def export(state: dict, cfg: GPTConfig, folder: Path, extra: dict | None = None) -> Path:
+    """Write ``model.safetensors`` and ``model.json`` into ``folder`` atomically (staged + rename).
+
+    ``extra`` is training metadata (global step, tokens seen, LR schedule) that a run continuing
+    from this model reads back, so its counters and schedule go on from here.
+    """
     from safetensors.torch import save_file
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items() if k != _TIED}
-    save_file(state, str(tmp / "model.safetensors"))
-    (tmp / "model.json").write_text(json.dumps({"config": model.cfg.to_dict(), **(extra or {})}, indent=2))
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items() if k != _TIED}
+    save_file(tensors, str(tmp / "model.safetensors"))
+    (tmp / "model.json").write_text(json.dumps({"config": cfg.to_dict(), **(extra or {})}, indent=2))
     if folder.exists():
         shutil.rmtree(folder)
     os.rename(tmp, folder)

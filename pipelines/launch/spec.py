@@ -37,6 +37,9 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         "backend": cfg.compute.backend,
         "threads": cfg.compute.threads_per_proc,
         "parent": {"uri": cfg.parent, "weights": str(parent_weights)} if parent_weights else None,
+        "world_size": cfg.compute.nodes * cfg.compute.procs_per_node,
+        # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
+        "cancel_grace_s": max(1.0, cfg.compute.cancel_grace_s - 5.0),
     }
     return atomic.write_json(run_dir / "train" / "spec.json", spec)
 

@@ -1,0 +1,87 @@
+"""A run killed with SIGKILL three times (once in the middle of a checkpoint write) and resumed ends
+bitwise identical to an uninterrupted run: 2 nodes x 1 process over loopback, the real local gang."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_corpus import events, kill9, make_corpus, status, wait_for
+
+from pipelines.launch import local
+from pipelines.launch.spec import launch_spec, write_trainer_spec
+from trainer import checkpoint
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    yield from make_corpus(tmp_path_factory)
+
+
+def _submit(cfg, packed: Path, run_dir: Path, **env: str) -> local.Handle:
+    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
+    return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
+
+
+def _finish(handle: local.Handle, timeout_s: float = 120) -> None:
+    state = wait_for(lambda: (s := local.poll(handle)).state != local.RUNNING and s, timeout_s, "the gang to exit")
+    local.cleanup(handle, grace_s=5)
+    assert state.state == local.SUCCEEDED, state.detail
+
+
+def _kill_when_held(handle: local.Handle, marker: Path) -> None:
+    """SIGKILL every process of the gang (supervisors, torchrun agents, trainers) once rank 0 holds."""
+    wait_for(marker.exists, 120, f"{marker.name}: {local.poll(handle).detail}", poll_s=0.02)
+    kill9(local.processes(handle.gang_id))
+    wait_for(lambda: local.poll(handle).state != local.RUNNING, 30, "the killed gang to be seen as gone")
+    local.cleanup(handle, grace_s=5)
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every parameter and every optimizer tensor of a checkpoint, by name."""
+    model = torch.load(path / "model.pt", weights_only=True)
+    optim = torch.load(path / "optim.pt", weights_only=True)
+    out = {f"model/{k}": v for k, v in model.items()}
+    for name, state in optim["state"].items():
+        out.update({f"optim/{name}/{k}": v for k, v in state.items()})
+    return out
+
+
+def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: Path):
+    cfg, packed = corpus  # 16 steps, a checkpoint every 4, deterministic, 2 nodes x 1 process
+    ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
+    reference = _submit(cfg, packed, ref)  # runs alongside the killed attempts
+
+    # 1: between checkpoints (rank 0 stops after step 6; step 4 is the newest checkpoint)
+    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="step:6"), run / "train" / "held-step-6")
+    assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
+
+    # 2: in the middle of writing step 8 (model.pt written, optim.pt and checksums.json not yet)
+    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="write:8"), run / "train" / "held-write-8")
+    torn = run / "checkpoints" / "step-00000008.inprogress"
+    assert (torn / "model.pt").exists() and not (torn / "checksums.json").exists()
+    assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
+
+    # 3: after two more checkpoints of the third attempt (which threw the torn folder away)
+    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="step:14"), run / "train" / "held-step-14")
+    assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000012"
+
+    _finish(_submit(cfg, packed, run))
+    _finish(reference)
+
+    resumed = [(e["global_step"], Path(e["path"]).name) for e in events(run, "resumed")]
+    assert resumed == [(4, "step-00000004"), (4, "step-00000004"), (12, "step-00000012")]
+    assert [e["path"] for e in events(run, "torn_checkpoint_removed")] == [str(torn)]
+    final = status(run)
+    assert final["state"] == "succeeded" and final["step"] == 16 and final["restarts"] == 3
+
+    a, b = _tensors(ref / "checkpoints" / "step-00000016"), _tensors(run / "checkpoints" / "step-00000016")
+    assert a.keys() == b.keys() and len(a) > 20
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert different == [], different
+    from safetensors.torch import load_file
+
+    exported_a, exported_b = load_file(ref / "model" / "model.safetensors"), load_file(run / "model" / "model.safetensors")
+    assert all(torch.equal(exported_a[k], exported_b[k]) for k in exported_a)

@@ -1,0 +1,80 @@
+"""A small packed corpus and helpers shared by the trainer tests (real tokenizer, real packing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY
+from pipelines import manifest
+from pipelines.config import load_config
+from pipelines.launch.spec import write_trainer_spec
+from trainer.spec import TrainSpec
+
+BASE = ["tokenizer.vocab_size=280", "train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last_n=10",
+        "train.deterministic=true", "train.log_every=1"]
+
+
+def make_corpus(tmp_path_factory):
+    """Body of each module's ``corpus`` fixture: yields (RunConfig, packed folder) — 60 short train
+    documents, seq_len 32, 2 nodes x 1 process, 16 deterministic steps, a checkpoint every 4."""
+    root = tmp_path_factory.mktemp("corpus")
+    env = pytest.MonkeyPatch()
+    env.setenv("TAXIWAY_HOME", str(root / "home"))
+    for split, n in (("train", 60), ("val", 10)):
+        (root / split).mkdir()
+        for i in range(n):
+            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
+    manifest.write(root / "manifest.jsonl", manifest.scan(root))
+    cfg = load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
+                             f"data.manifest={root / 'manifest.jsonl'}", *BASE])
+    from pipelines import tokenize
+
+    yield cfg, tokenize.run(cfg).path
+    env.undo()
+
+
+def with_overrides(cfg, **sections):
+    """``cfg`` with fields replaced, e.g. ``train={"steps": 8}``."""
+    update = {name: getattr(cfg, name).model_copy(update=fields) for name, fields in sections.items()}
+    return cfg.model_copy(update=update)
+
+
+def one_rank_spec(cfg, packed: Path, run_dir: Path) -> TrainSpec:
+    """The trainer contract for one in-process rank."""
+    return dataclasses.replace(TrainSpec.load(write_trainer_spec(cfg, run_dir, packed)), world_size=1)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict]:
+    return [e for e in read_jsonl(run_dir / "events.jsonl") if name is None or e["event"] == name]
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := predicate():
+            return result
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def kill9(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,119 @@
+"""Process group, device and data parallelism (DDP or FSDP2) behind a few small functions.
+
+``train.parallel: ddp`` replicates the model on every rank; ``fsdp`` shards parameters, gradients
+and optimizer state with ``torch.distributed.fsdp.fully_shard`` (one unit per transformer block
+plus the root) for models that do not fit one device. Checkpoints hold the *full* state in both
+cases (FSDP gathers it to rank 0), so a checkpoint does not depend on the world size or on the
+parallelism it was written with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str | None           # None: a single process, no process group
+    rendezvous_s: float = 0.0
+
+
+def setup(backend: str, timeout_s: float = 600.0) -> Dist:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available() and backend != "gloo"
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda and local_rank < torch.cuda.device_count():
+        torch.cuda.set_device(device)
+    if world == 1:
+        return Dist(rank, world, local_rank, device, None)
+    chosen = backend if backend != "auto" else ("nccl" if cuda else "gloo")
+    started = time.monotonic()
+    dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))
+    return Dist(rank, world, local_rank, device, chosen, time.monotonic() - started)
+
+
+def wrap(model: nn.Module, kind: str, ctx: Dist, bf16: bool) -> nn.Module:
+    """The module the loop calls: ``model`` itself (one process, or FSDP, which shards in place) or DDP."""
+    if kind == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        kwargs: dict[str, Any] = {"mp_policy": policy} if policy else {}
+        for block in model.blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    if ctx.world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+@contextmanager
+def grad_sync(wrapped: nn.Module, kind: str, sync: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch of a step."""
+    if kind == "fsdp":
+        wrapped.set_requires_gradient_sync(sync)
+        yield
+        return
+    with (nullcontext() if sync or not hasattr(wrapped, "no_sync") else wrapped.no_sync()):
+        yield
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Total gradient norm over all ranks (clipped to ``max_norm`` when it is > 0)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _options(kind: str) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True) if kind == "fsdp" else StateDictOptions()
+
+
+def full_state(model: nn.Module, optim: torch.optim.Optimizer, kind: str) -> tuple[dict, dict, bool]:
+    """(model state, optimizer state keyed by parameter name, fresh).
+
+    FSDP gathers to rank 0 (a collective: every rank must call this; other ranks get ``{}``) into
+    new CPU tensors, so ``fresh`` is true. Otherwise the tensors are the live ones and must be
+    copied before training touches them again.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return (full_model_state(model, kind), get_optimizer_state_dict(model, optim, options=_options(kind)),
+            kind == "fsdp")
+
+
+def full_model_state(model: nn.Module, kind: str) -> dict:
+    """The full model state dict (FSDP: gathered to rank 0, a collective; live tensors otherwise)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(kind))
+
+
+def load_optimizer(model: nn.Module, optim: torch.optim.Optimizer, state: dict, kind: str) -> None:
+    """Load a full optimizer state (as ``full_state`` returns it) into a possibly sharded optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True) if kind == "fsdp" else StateDictOptions()
+    set_optimizer_state_dict(model, optim, state, options=options)

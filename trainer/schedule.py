@@ -1,0 +1,49 @@
+"""The learning-rate schedule as a pure function of the global step.
+
+Because the LR depends on nothing but the step, resuming needs only ``global_step`` and the
+schedule's anchor (``origin_step``, ``start_lr``) from the checkpoint. A run that starts fresh
+warms up linearly to ``lr`` and decays (cosine or linear) to ``min_lr`` at its last step. A run
+that continues a parent model starts at the parent's global step and at the LR the parent ended
+with, and decays from there: no second warmup and no jump (the parent's optimizer moments are
+not exported, so a restart at peak LR would hit fresh Adam moments hardest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Schedule:
+    peak_lr: float
+    min_lr: float
+    warmup_steps: int
+    decay: Literal["cosine", "linear"]
+    origin_step: int           # global step this run (or its first attempt) started from
+    end_step: int              # global step at which training stops
+    start_lr: float | None     # None: fresh run (warmup to peak); else the parent's final LR
+
+    @classmethod
+    def from_config(cls, t: dict[str, Any], origin_step: int = 0, start_lr: float | None = None) -> Schedule:
+        return cls(peak_lr=t["lr"], min_lr=t["min_lr"], warmup_steps=t["warmup_steps"],
+                   decay=t["decay"], origin_step=origin_step,
+                   end_step=origin_step + t["steps"], start_lr=start_lr)
+
+    def lr(self, step: int) -> float:
+        """LR for the update that takes the model from ``step`` to ``step + 1``."""
+        i = step - self.origin_step
+        if self.start_lr is None:
+            if i < self.warmup_steps:
+                return self.peak_lr * (i + 1) / self.warmup_steps
+            top, bottom, first = self.peak_lr, self.min_lr, self.warmup_steps
+        else:
+            top, bottom, first = self.start_lr, min(self.min_lr, self.start_lr), 0
+        span = max(1, self.end_step - self.origin_step - first)
+        progress = min(1.0, max(0.0, (i - first) / span))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
+        return bottom + shape * (top - bottom)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
