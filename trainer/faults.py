@@ -8,6 +8,7 @@ environment variable:
   checkpoint writer stops after ``model.pt`` of step 8 (before ``optim.pt`` and ``checksums.json``).
   Either writes ``<run>/train/held-<kind>-<step>`` and then sleeps until it is killed.
 - ``TAXIWAY_TEST_NAN_STEPS=3,4`` — the loss of those steps (1-based) becomes NaN on every rank.
+- ``TAXIWAY_TEST_SPIKE_STEPS=25`` — the loss measured at those steps is 10x (the update is not).
 - ``TAXIWAY_TEST_SLOW_RANK=1:0.05`` — rank 1 sleeps 0.05 s before each batch.
 - ``TAXIWAY_TEST_STALL_DATA_STEP=3`` — the batch for step 3 never arrives.
 - ``TAXIWAY_TEST_FAKE_TORCH=1:0.0.1`` — rank 1 reports torch version 0.0.1 in the startup check.
@@ -20,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 
 def _rank_value(raw: str | None) -> tuple[int, str] | None:
     if not raw:
@@ -28,10 +31,15 @@ def _rank_value(raw: str | None) -> tuple[int, str] | None:
     return int(rank), value
 
 
+def _steps(raw: str | None) -> frozenset[int]:
+    return frozenset(int(s) for s in (raw or "").split(",") if s)
+
+
 @dataclass(frozen=True)
 class Faults:
     hold: tuple[str, int] | None = None
     nan_steps: frozenset[int] = frozenset()
+    spike_steps: frozenset[int] = frozenset()
     slow_rank: tuple[int, float] | None = None
     stall_data_step: int | None = None
     fake_torch: tuple[int, str] | None = None
@@ -43,7 +51,8 @@ class Faults:
         slow = _rank_value(env.get("TAXIWAY_TEST_SLOW_RANK"))
         return cls(
             hold=(hold.split(":")[0], int(hold.split(":")[1])) if hold else None,
-            nan_steps=frozenset(int(s) for s in env.get("TAXIWAY_TEST_NAN_STEPS", "").split(",") if s),
+            nan_steps=_steps(env.get("TAXIWAY_TEST_NAN_STEPS")),
+            spike_steps=_steps(env.get("TAXIWAY_TEST_SPIKE_STEPS")),
             slow_rank=(slow[0], float(slow[1])) if slow else None,
             stall_data_step=int(env["TAXIWAY_TEST_STALL_DATA_STEP"]) if env.get("TAXIWAY_TEST_STALL_DATA_STEP") else None,
             fake_torch=_rank_value(env.get("TAXIWAY_TEST_FAKE_TORCH")),
@@ -56,6 +65,12 @@ class Faults:
             marker.write_text(str(os.getpid()))
             while True:
                 time.sleep(3600)
+
+    def measured_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss as the health checks see it (``step`` 1-based)."""
+        if step in self.nan_steps:
+            return loss * float("nan")
+        return loss * 10 if step in self.spike_steps else loss
 
     def before_batch(self, rank: int, step: int) -> None:
         """``step`` is the 1-based step the batch is for."""

@@ -257,8 +257,7 @@ class _Run:
                         timer.mark()
                     (loss / accum).backward()
                 loss_sum += loss.detach()
-            if self.step + 1 in self.faults.nan_steps:
-                loss_sum = loss_sum * float("nan")
+            loss_sum = self.faults.measured_loss(self.step + 1, loss_sum)
             grad_norm = parallel.clip_grad_norm(self.model, t["grad_clip"])
 
             # one collective per step: stop flag, non-finite flag, loss, grad norm, every rank's time
