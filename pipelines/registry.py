@@ -232,6 +232,8 @@ def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> B
             raise ValueError("eval.baseline: 'parent' needs a parent model (config field parent)")
         mv = resolve_version(uri, reg)
         kind = "parent" if choice == "parent" else "uri"
+        if mv.name == reg.model_name and reg.champion_alias in (mv.aliases or []):
+            kind = "champion"  # e.g. the pinned champion a re-evaluation compares against
     return Baseline(kind, uri, mv.name, str(mv.version), download(mv, dest, reg),
                     (mv.tags or {}).get(lineage.WEIGHTS_TAG))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +54,17 @@ def train_in_process(run_dir: Path, cfg, steps: int, seed: int) -> Path:
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     rng = np.random.default_rng(seed)
     model.train()
-    for _ in range(steps):
+    curve = []
+    for step in range(1, steps + 1):
         x, y, d = (torch.from_numpy(a) for a in data.batch(rng.integers(0, len(data), 16)))
         _, loss = model(x, y, d)
         loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
+        if step % 10 == 0:  # the trainer's metrics.jsonl lines, which registration logs as curves
+            curve.append(json.dumps({"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "step": step,
+                                     "loss": round(loss.item(), 5), "lr": cfg.train.lr}) + "\n")
+    (run_dir / "metrics.jsonl").write_text("".join(curve))
     folder = run_dir / "model"
     weights.export(model.state_dict(), gpt_cfg, folder, {"global_step": steps})
     for name in ("tokenizer.json", "token_bytes.npy"):
@@ -80,4 +86,6 @@ def clone_run(home: Path, src: Path, label: str, overrides: list[str]) -> Path:
     for part in ("preflight", "tokenize", "model"):
         if (src / part).exists():
             shutil.copytree(src / part, run_dir / part)
+    if (src / "metrics.jsonl").exists():
+        shutil.copyfile(src / "metrics.jsonl", run_dir / "metrics.jsonl")
     return run_dir
