@@ -123,7 +123,7 @@ class _Run:
                  faults: Faults) -> None:
         self.spec, self.ctx, self.status, self.events, self.term, self.faults = spec, ctx, status, events, term, faults
         self.t = spec.train
-        self.kind = self.t["parallel"]
+        self.kind = self.t["parallel"] if ctx.world > 1 else "ddp"  # one process: nothing to shard
         self.step = self.tokens_seen = 0
         self.parent_uri = (spec.parent or {}).get("uri")
         self.saver = Saver(spec.checkpoints, spec.checkpoint["keep_last_n"], spec.checkpoint["async_save"],
@@ -234,7 +234,9 @@ class _Run:
         end = self.schedule.end_step
         status.update(state="running", step=self.step, total_steps=end, tokens_seen=self.tokens_seen, force=True)
         events.emit("training_started", step=self.step, end_step=end, world_size=world, parallel=self.kind,
-                    bf16=self.bf16, tokens_per_step=tokens_per_step, flops_per_token=flops_token)
+                    bf16=self.bf16, tokens_per_step=tokens_per_step, flops_per_token=flops_token,
+                    parameters=self.model.num_params(non_embedding=False),
+                    local_parameters=parallel.local_numel(self.model))
         window_start, window_tokens = time.perf_counter(), 0
 
         while self.step < end:

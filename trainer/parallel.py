@@ -117,3 +117,10 @@ def load_optimizer(model: nn.Module, optim: torch.optim.Optimizer, state: dict, 
 
     options = StateDictOptions(full_state_dict=True) if kind == "fsdp" else StateDictOptions()
     set_optimizer_state_dict(model, optim, state, options=options)
+
+
+def local_numel(model: nn.Module) -> int:
+    """Parameter elements this rank holds (FSDP: its shards only)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())

@@ -1,0 +1,110 @@
+"""What one run reports and continues: LR schedules, parent continuation, bf16 autocast, metrics and MFU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_corpus import events, make_corpus, one_rank_spec, read_jsonl, status, with_overrides
+
+from pipelines.launch.spec import write_trainer_spec
+from trainer.loop import train
+from trainer.schedule import Schedule
+from trainer.spec import TrainSpec
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    yield from make_corpus(tmp_path_factory)
+
+
+def _t(**over) -> dict:
+    return {"lr": 1.0, "min_lr": 0.1, "warmup_steps": 10, "steps": 110, "decay": "cosine", **over}
+
+
+def test_schedules_warm_up_decay_and_continue_without_a_jump():
+    cosine = Schedule.from_config(_t())
+    assert cosine.lr(0) == pytest.approx(0.1) and cosine.lr(9) == pytest.approx(1.0)
+    assert cosine.lr(60) == pytest.approx(0.55) and cosine.lr(110) == pytest.approx(0.1)
+    linear = Schedule.from_config(_t(decay="linear"))
+    assert linear.lr(35) == pytest.approx(0.775) and linear.lr(60) == pytest.approx(0.55)
+    # a child of a parent that stopped at global step 110 with LR 0.3: starts there, no warmup
+    child = Schedule.from_config(_t(steps=50, min_lr=0.05), origin_step=110, start_lr=0.3)
+    assert child.lr(110) == pytest.approx(0.3) and child.lr(160) == pytest.approx(0.05)
+    assert all(child.lr(s) >= child.lr(s + 1) for s in range(110, 160))
+    # a parent that ended below the child's min_lr is not pushed back up
+    low = Schedule.from_config(_t(steps=50), origin_step=110, start_lr=0.01)
+    assert {low.lr(s) for s in range(110, 161)} == {0.01}
+
+
+def test_parent_continues_global_step_tokens_and_lr(corpus, tmp_path: Path):
+    cfg, packed = corpus
+    parent_run, child_run = tmp_path / "parent", tmp_path / "child"
+    assert train(one_rank_spec(cfg, packed, parent_run)) == 0
+    parent = json.loads((parent_run / "model" / "model.json").read_text())
+    parent_metrics = read_jsonl(parent_run / "metrics.jsonl")
+    assert parent["global_step"] == 16 and parent["final_lr"] == parent_metrics[-1]["lr"]
+
+    child_cfg = with_overrides(cfg, train={"steps": 6}).model_copy(update={"parent": "models:/taxiway-tiny-gpt/1"})
+    spec = TrainSpec.load(write_trainer_spec(child_cfg, child_run, packed, parent_weights=parent_run / "model"))
+    assert train(dataclasses.replace(spec, world_size=1)) == 0
+    metrics = read_jsonl(child_run / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == list(range(17, 23))
+    tokens_per_step = parent_metrics[0]["tokens_seen"]
+    assert metrics[-1]["tokens_seen"] == parent["tokens_seen"] + 6 * tokens_per_step
+    assert metrics[0]["lr"] == pytest.approx(parent["final_lr"])  # continues, no warmup, no jump
+    assert all(a["lr"] >= b["lr"] for a, b in zip(metrics, metrics[1:], strict=False))
+    # the parent's weights, not a fresh init: the loss goes on from where the parent ended
+    assert abs(metrics[0]["loss"] - parent_metrics[-1]["loss"]) < 0.5 < math.log(280) - metrics[0]["loss"]
+    (loaded,) = events(child_run, "parent_loaded")
+    assert loaded["global_step"] == 16 and loaded["uri"] == "models:/taxiway-tiny-gpt/1"
+
+    child = json.loads((child_run / "model" / "model.json").read_text())
+    assert child["global_step"] == 22 and child["parent"] == "models:/taxiway-tiny-gpt/1"
+    assert child["lr_schedule"]["origin_step"] == 16 and child["lr_schedule"]["start_lr"] == parent["final_lr"]
+    assert status(child_run)["step"] == status(child_run)["total_steps"] == 22
+
+    # a restart of the child resumes its own checkpoint (global step 20), not the parent
+    final = torch.load(child_run / "checkpoints" / "step-00000022" / "model.pt", weights_only=True)
+    shutil.rmtree(child_run / "checkpoints" / "step-00000022")
+    assert train(dataclasses.replace(spec, world_size=1)) == 0
+    assert [e["global_step"] for e in events(child_run, "resumed")] == [20]
+    again = torch.load(child_run / "checkpoints" / "step-00000022" / "model.pt", weights_only=True)
+    assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+def test_parent_that_does_not_fit_the_model_is_refused(corpus, tmp_path: Path):
+    cfg, packed = corpus
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 1}), packed, tmp_path / "p")) == 0
+    bigger = with_overrides(cfg, model={"n_layer": 3}).model_copy(update={"parent": "models:/x/1"})
+    spec = TrainSpec.load(write_trainer_spec(bigger, tmp_path / "c", packed, parent_weights=tmp_path / "p" / "model"))
+    assert train(dataclasses.replace(spec, world_size=1)) == 1
+    assert "does not fit the configured model" in status(tmp_path / "c")["error"]
+
+
+def test_metrics_mfu_and_bf16_autocast(corpus, tmp_path: Path):
+    cfg, packed = corpus
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        run = tmp_path / precision
+        c = with_overrides(cfg, train={"steps": 4, "precision": precision, "peak_tflops": 0.5})
+        assert train(one_rank_spec(c, packed, run)) == 0
+        runs[precision] = read_jsonl(run / "metrics.jsonl")
+        assert events(run, "training_started")[0]["bf16"] is (precision == "bf16")
+    for record in runs["fp32"]:
+        assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "rank_step_time_s"} <= set(record)
+    # PaLM/nanoGPT FLOPs: 6 N (N without the position table) + 12 L E T, over the 0.5 TFLOP/s given
+    n = 280 * 32 + 2 * (4 * 32 * 32 + 8 * 32 * 32 + 2 * 32) + 32
+    flops_token = 6 * n + 12 * 2 * 32 * 32
+    for r in runs["fp32"]:
+        assert r["mfu"] == pytest.approx(flops_token * r["tokens_per_s"] / 0.5e12, rel=1e-2, abs=1e-4)
+    # autocast ran: bf16 matmuls give a (slightly) different loss, still finite and close
+    first = runs["fp32"][0]["loss"], runs["bf16"][0]["loss"]
+    assert first[0] != first[1] and abs(first[0] - first[1]) < 0.05
+    saved = torch.load(tmp_path / "bf16" / "checkpoints" / "step-00000004" / "model.pt", weights_only=True)
+    assert all(v.dtype == torch.float32 for v in saved.values()), "autocast keeps fp32 master weights"
