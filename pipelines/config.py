@@ -355,7 +355,7 @@ class RegistryConfig(Section):
         5, description="Retries of a transient MLflow failure (connection refused, database locked, 5xx)")
     retry_backoff_s: float = Field(2.0, ge=0.0, description="First retry delay; doubles each retry, capped at 60 s")
     lock_timeout_s: float = Field(
-        300.0, gt=0.0, description="Longest wait for the champion lock before registering as challenger")
+        300.0, gt=0.0, description="Longest wait for the champion lock; then registration fails (and may be retried)")
     max_reevaluations: Annotated[int, Field(ge=0, le=10)] = Field(
         3, description="Re-evaluations against a champion that moved while this run was being evaluated")
 

@@ -391,6 +391,7 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
                 c.log_artifact(run_id, str(path), artifact_path=dest)
             for key, value in lineage.eval_tags(new).items():
                 c.set_model_version_tag(name, mv.version, key, value)
+                c.set_tag(run_id, key, value)
             c.update_model_version(name, mv.version, description=new["summary"][:4000])
 
         with_retries(cfg.registry, "record the re-evaluation", write)

@@ -205,7 +205,8 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
     chosen = registry.resolve_baseline(cfg, run_dir / "eval" / "baseline", baseline)
     if chosen is None:
         base = floor(e.floor, packed, cand.sequences)
-        why = "eval.baseline=floor" if (baseline or e.baseline) == "floor" else "no champion registered"
+        why = ("no champion at registration" if baseline == "floor" else
+               "eval.baseline=floor" if e.baseline == "floor" else "no champion registered")
         info = {"kind": "floor", "floor": e.floor, "note": why, "label": f"{e.floor} floor",
                 "name": None, "uri": None, "version": None}
     else:
