@@ -34,8 +34,9 @@ class PackedSplit:
         shard = int(np.searchsorted(self._offsets, i, side="right") - 1)
         lo = (i - int(self._offsets[shard])) * self.window
         tokens = np.asarray(self._tokens[shard][lo:lo + self.window], dtype=np.int64)
-        starts = self._starts[shard]
-        local = starts[(starts > lo) & (starts < lo + self.seq_len)] - lo
+        starts = self._starts[shard]  # sorted: a binary search, not a scan of every document
+        first, stop = np.searchsorted(starts, [lo + 1, lo + self.seq_len])
+        local = starts[first:stop] - lo
         marks = np.zeros(self.seq_len, dtype=np.int64)
         marks[local] = 1
         return tokens, np.cumsum(marks)
