@@ -202,15 +202,20 @@ def _evaluated_against(report: dict[str, Any], name: str) -> str | None:
 
 
 def _challenger(reg: RegistryConfig, version: str, reason: str) -> Outcome:
+    """``challenger`` for a version that did not win — unless it already is the champion (the same
+    run registered again, evaluated against itself): that keeps its alias."""
     from pipelines.registry import client, with_retries
 
-    def mark() -> None:
+    def mark() -> Outcome:
         c = client()
+        mv = current_champion(c, reg.model_name, reg.champion_alias, missing_ok=True)
+        if mv is not None and str(mv.version) == version:
+            return Outcome(reg.champion_alias, f"already the champion; this evaluation: {reason}")
         c.set_registered_model_alias(reg.model_name, reg.challenger_alias, version)
         c.set_model_version_tag(reg.model_name, version, "taxiway.alias_reason", reason[:5000])
+        return Outcome(reg.challenger_alias, reason)
 
-    with_retries(reg, "set the challenger alias", mark)
-    return Outcome(reg.challenger_alias, reason)
+    return with_retries(reg, "set the challenger alias", mark)
 
 
 def _compare_and_set(reg: RegistryConfig, version: str, expected: str | None,

@@ -241,13 +241,17 @@ def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> B
 # --- writing a run and its model version ------------------------------------------------------------
 
 def code_version() -> str:
-    """Git SHA of the code that ran (``TAXIWAY_CODE_VERSION`` wins, e.g. an image tag)."""
+    """Git SHA of the code that ran, ``-dirty`` when tracked files differ from it
+    (``TAXIWAY_CODE_VERSION`` wins, e.g. an image tag)."""
     if os.environ.get("TAXIWAY_CODE_VERSION"):
         return os.environ["TAXIWAY_CODE_VERSION"]
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=here)
+        if sha.returncode != 0 or not sha.stdout.strip():
+            return "unknown"
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=30, cwd=here)
+        return sha.stdout.strip() + ("-dirty" if dirty.returncode == 1 else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 

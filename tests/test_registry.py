@@ -132,7 +132,7 @@ def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, 
     assert tags["taxiway.tokenizer_sha256"] == json.loads(
         (Path(packed["path"]) / "manifest.json").read_text())["tokenizer_sha256"]
     assert tags["taxiway.data_manifest_sha256"] == sha256_file(home / "demo-data" / "manifest.jsonl")
-    assert len(tags["taxiway.code_version"]) == 40 and tags["taxiway.parent_model"] == "none"
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", tags["taxiway.code_version"]) and tags["taxiway.parent_model"] == "none"
     assert tags["airflow.dag_id"] == "taxiway_train" and tags["airflow.run_id"] == tags[RUN_KEY_TAG] == "manual__first"
     assert tags["taxiway.eval.passed"] == "true" and tags["taxiway.baseline"] == "uniform floor"
     assert float(tags["taxiway.eval.lower_bound_bpb"]) > 0
@@ -197,6 +197,14 @@ def test_crashed_attempts_are_retried_into_one_version(backend, models, home: Pa
     runs = c.search_runs([exp.experiment_id], f"tags.`{RUN_KEY_TAG}` = 'scheduled__1'")
     assert [r.info.run_id for r in runs] == [result["run_id"]] and runs[0].info.status == "FINISHED"
     assert "model/model.safetensors" in _artifacts(c, result["run_id"])
+
+    # the same run evaluated again now ties with itself (the champion): it stays champion
+    assert not _evaluate(run_dir)["passed"]
+    tie = _register(run_dir, "scheduled__1")
+    assert tie["alias"] == "champion" and tie["reason"].startswith("already the champion")
+    assert str(c.get_model_version_by_alias(name, "champion").version) == result["version"]
+    with pytest.raises(Exception, match="alias challenger not found"):
+        c.get_model_version_by_alias(name, "challenger")
 
 
 def _champion_chain(c, name: str) -> list[str]:
