@@ -71,18 +71,18 @@ def worker(method: str, config: Path, packed: Path, windows: int, batch: int) ->
                    for lo in range(0, n, batch)]
         with torch.no_grad():
             model(*batches[0], reduction="none")  # warm-up
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             for x, y, d in batches:
                 model(x, y, d, reduction="none")
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     else:
         score(model, packed, "val", batch, 1)  # warm-up
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = score(model, packed, "val", batch, n // batch)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert result.sequences == n
     return {"method": method, "windows": n, "tokens": n * data.seq_len, "seconds": seconds,
-            "threads": torch.get_num_threads()}
+            "cpu_seconds": cpu, "threads": torch.get_num_threads()}
 
 
 def main() -> None:
@@ -121,17 +121,21 @@ def main() -> None:
     first = runs["bare"][0]
     print(f"started {started}; {platform.node()}, {os.cpu_count()} cores, torch threads {first['threads']}; "
           f"config {args.config.name}, batch {batch}, {first['windows']} windows ({first['tokens']} tokens)")
-    print("| method | tokens/s (median) | all repeats (tokens/s) |")
-    print("|---|---|---|")
+    cpu = {m: statistics.median(r["cpu_seconds"] * 1000 / r["tokens"] for r in runs[m]) for m in METHODS}
+    print("| method | tokens/s (median) | CPU ms per 1k tokens (median) | all repeats (tokens/s) |")
+    print("|---|---|---|---|")
     for m in METHODS:
         every = ", ".join(f"{r['tokens'] / r['seconds']:,.0f}" for r in runs[m])
-        print(f"| {m} | {rate[m]:,.0f} | {every} |")
+        print(f"| {m} | {rate[m]:,.0f} | {cpu[m]:.1f} | {every} |")
     print(f"taxiway / bare, ratio of medians = {ratio:.3f}; median of per-repeat ratios = {paired:.3f} "
           f"({', '.join(f'{p:.3f}' for p in pairs)}); target >= 0.90: {'met' if min(ratio, paired) >= 0.9 else 'NOT met'}")
+    print(f"CPU time per token, taxiway / bare = {cpu['taxiway'] / cpu['bare']:.3f} (the work added by reading, "
+          "document numbering and tallies; less sensitive than wall time to other processes on the machine)")
     results = REPO / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / "eval.json").write_text(json.dumps({"started": started, "runs": runs, "median_tokens_per_s": rate,
-                                                   "ratio_of_medians": ratio, "per_repeat_ratios": pairs}, indent=2))
+                                                   "ratio_of_medians": ratio, "per_repeat_ratios": pairs,
+                                                   "median_cpu_ms_per_1k_tokens": cpu}, indent=2))
 
 
 if __name__ == "__main__":
