@@ -19,7 +19,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +29,8 @@ from pipelines.paths import cache_dir, mlflow_artifact_root, mlflow_tracking_uri
 log = logging.getLogger("taxiway.registry")
 
 RUN_KEY_TAG = "taxiway.run_key"
+LIVE_TAG = "taxiway.live"         # opened by the training sensor to ship metrics while the gang runs
+LOGGING_TAG = "taxiway.logging"   # registration started logging into this run
 T = TypeVar("T")
 
 
@@ -232,7 +233,7 @@ def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> B
             raise ValueError("eval.baseline: 'parent' needs a parent model (config field parent)")
         mv = resolve_version(uri, reg)
         kind = "parent" if choice == "parent" else "uri"
-        if mv.name == reg.model_name and reg.champion_alias in (mv.aliases or []):
+        if kind == "uri" and mv.name == reg.model_name and reg.champion_alias in (mv.aliases or []):
             kind = "champion"  # e.g. the pinned champion a re-evaluation compares against
     return Baseline(kind, uri, mv.name, str(mv.version), download(mv, dest, reg),
                     (mv.tags or {}).get(lineage.WEIGHTS_TAG))
@@ -276,11 +277,6 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _ms(iso: str | None, default: int) -> int:
-    """Milliseconds since the epoch of a metrics.jsonl UTC timestamp (MLflow's metric time)."""
-    return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else default
-
-
 def _eval_metrics(report: dict[str, Any], step: int):
     from mlflow.entities import Metric
 
@@ -320,26 +316,42 @@ def _find_version(c, name: str, run_key: str):
     return versions[0] if versions else None
 
 
+def open_run(c, cfg: RunConfig, run_key: str) -> str:
+    """The pipeline run's MLflow run, created ``RUNNING`` (tagged live) if new: the training sensor
+    ships metrics into it while the gang runs, and registration completes the same run."""
+    exp_id = _experiment_id(c, cfg.name)
+    run = _find_run(c, exp_id, run_key)
+    if run is not None:
+        return run.info.run_id
+    return c.create_run(exp_id, run_name=run_key, tags={RUN_KEY_TAG: run_key, LIVE_TAG: "1"}).info.run_id
+
+
 def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str], report: dict[str, Any]) -> str:
-    """The MLflow run of this pipeline run, logged in full once; an unfinished one (an attempt that
-    died while logging) is deleted and logged again."""
-    from mlflow.entities import Metric, Param
+    """The MLflow run of this pipeline run, logged in full once. A live run the training sensor
+    opened is completed (only metric lines it never shipped are added); an unfinished one whose
+    logging had started (an attempt that died while logging) is deleted and logged again."""
+    from mlflow.entities import Param, RunTag
+
+    from pipelines import live_metrics
 
     exp_id = _experiment_id(c, cfg.name)
     run = _find_run(c, exp_id, run_key)
     if run is not None and run.info.status == "FINISHED":
         return run.info.run_id
-    if run is not None:
-        c.delete_run(run.info.run_id)
-    run_id = c.create_run(exp_id, run_name=run_key, tags=tags).info.run_id
+    if run is not None and run.data.tags.get(LIVE_TAG) == "1" and LOGGING_TAG not in run.data.tags:
+        run_id = run.info.run_id
+        records, _ = live_metrics.new_records(run_dir)
+    else:
+        if run is not None:
+            c.delete_run(run.info.run_id)
+        run_id = c.create_run(exp_id, run_name=run_key).info.run_id
+        records = _metrics(run_dir)
+    c.set_tag(run_id, LOGGING_TAG, "1")
+    c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     params = [Param(k, str(v)[:6000]) for k, v in lineage.flatten(cfg.model_dump(mode="json")).items()]
     for i in range(0, len(params), 100):
         c.log_batch(run_id, params=params[i:i + 100])
-    now = int(time.time() * 1000)
-    metrics = [Metric(key, float(rec[key]), _ms(rec.get("time"), now), int(rec["step"]))
-               for rec in _metrics(run_dir)
-               for key in ("loss", "lr", "grad_norm", "tokens_per_s") if rec.get(key) is not None]
-    metrics += _eval_metrics(report, 0)
+    metrics = live_metrics.to_metrics(records) + _eval_metrics(report, 0)
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])
     _log_datasets(c, run_id, cfg, run_dir)

@@ -450,3 +450,24 @@ def test_baseline_with_another_tokenizer_is_compared_document_by_document(models
     assert report["baseline"]["kind"] == "champion" and report["gate"]["unit"] == "document"
     assert report["gate"]["units"] > 1
     assert report["candidate"]["bits_per_byte"] != report["baseline"]["bits_per_byte"]
+
+
+def test_parent_is_the_baseline_and_recorded_as_the_version_training_started_from(models, home: Path, monkeypatch):
+    from pipelines import stages
+    from pipelines.registry import client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
+    name = _unique("parent")
+    first = _run(home, models["strong"], name, "first")
+    _evaluate(first)
+    assert _register(first, f"{name}-1")["version"] == "1"
+    child = _run(home, models["medium"], name, "child", f"parent=models:/{name}@champion", "eval.baseline=parent")
+    stages.parent_weights(stages.load_run_config(child), child / "parent")  # what the train stage fetches
+    report = _evaluate(child)
+    assert report["baseline"]["kind"] == "parent" and report["baseline"]["version"] == "1"
+    assert not report["passed"]  # 60 steps do not beat the 300-step parent
+    result = _register(child, f"{name}-child")
+    assert result["alias"] == "challenger"
+    tags = client().get_model_version(name, result["version"]).tags
+    assert tags["taxiway.parent_model"] == f"models:/{name}/1"
+    assert tags["taxiway.baseline"] == f"parent models:/{name}/1"
