@@ -83,23 +83,38 @@ def _batches(data: PackedSplit, docs: DocumentIndex, n: int, batch_size: int
 
 
 def _prefetched(it: Iterator, depth: int = 2) -> Iterator:
-    """Read the next batches on a thread while the model runs on this one (torch drops the GIL)."""
+    """Read the next batches on a thread while the model runs on this one (torch drops the GIL).
+    The thread stops as soon as the consumer does, whether it finished or failed."""
     q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
+    stop, done = threading.Event(), object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def fill() -> None:
         try:
             for item in it:
-                q.put(item)
+                if not put(item):
+                    return
         except BaseException as exc:  # handed to the consumer, raised there
-            q.put(exc)
-        q.put(done)
+            put(exc)
+            return
+        put(done)
 
     threading.Thread(target=fill, daemon=True, name="eval-prefetch").start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 class Tally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +251,24 @@ def test_cli_evaluate_exit_codes(strong: Path, weak: Path, tmp_path: Path):
     assert bad.returncode == 2, bad.stderr
     assert f"error: {broken / 'model' / 'model.safetensors'}: unreadable weights" in bad.stderr
     assert not (broken / "eval" / "report.json").exists(), "no report for a model that could not be read"
+
+
+def test_prefetch_hands_over_reader_errors_and_stops_with_its_consumer():
+    import threading
+
+    from eval.score import _prefetched
+
+    def failing():
+        yield 1
+        raise OSError("shard unreadable")
+
+    with pytest.raises(OSError, match="shard unreadable"):
+        list(_prefetched(failing()))
+    endless = _prefetched(iter(range(10**9)))
+    assert next(endless) == 0
+    endless.close()  # the consumer stops early: the reader thread must end too
+    for _ in range(50):
+        if not any(t.name == "eval-prefetch" for t in threading.enumerate()):
+            break
+        time.sleep(0.05)
+    assert not any(t.name == "eval-prefetch" for t in threading.enumerate())
