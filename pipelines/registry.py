@@ -135,10 +135,6 @@ def client():
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def connect(reg: RegistryConfig):
-    return with_retries(reg, "connect", client)
-
-
 # --- reading models -------------------------------------------------------------------------------
 
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
