@@ -299,6 +299,9 @@ class ComputeConfig(Section):
     stall_timeout_s: PositiveInt = Field(
         600, description="No heartbeat and no step progress for this long = stalled: kill and relaunch from the "
                          "newest valid checkpoint")
+    startup_timeout_s: PositiveInt = Field(
+        1800, description="Longest a (re)launched gang may take to show its first progress (scheduling, "
+                          "rendezvous, loading the checkpoint) before it counts as stalled")
     cancel_grace_s: PositiveInt = Field(
         120, description="After SIGTERM, how long nodes get to save a checkpoint before SIGKILL")
     kubernetes: KubernetesConfig = Field(KubernetesConfig(), description="Node pods when launcher is kubernetes")

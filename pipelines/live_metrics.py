@@ -56,17 +56,6 @@ def to_metrics(records: list[dict[str, Any]]) -> list:
             for rec in records for key in KEYS if rec.get(key) is not None]
 
 
-def open_run(c, cfg: RunConfig, run_key: str) -> str:
-    """The pipeline run's MLflow run (found by its run-key tag), created ``RUNNING`` if new."""
-    from pipelines import registry
-
-    exp_id = registry._experiment_id(cfg.name)
-    found = c.search_runs([exp_id], filter_string=f"tags.`{registry.RUN_KEY_TAG}` = '{run_key}'", max_results=1)
-    if found:
-        return found[0].info.run_id
-    return c.create_run(exp_id, run_name=run_key, tags={registry.RUN_KEY_TAG: run_key}).info.run_id
-
-
 def ship(cfg: RunConfig, run_dir: Path, run_key: str, restarts: int | None = None) -> int:
     """Log unshipped metric lines (and the restart count) to the run's MLflow run; returns lines shipped."""
     from pipelines import registry
@@ -75,7 +64,7 @@ def ship(cfg: RunConfig, run_dir: Path, run_key: str, restarts: int | None = Non
     if not records and restarts is None:
         return 0
     c = registry.client()
-    run_id = open_run(c, cfg, run_key)
+    run_id = registry.open_run(c, cfg, run_key)
     metrics = to_metrics(records)
     for i in range(0, len(metrics), 500):
         c.log_batch(run_id, metrics=metrics[i:i + 500])

@@ -1,10 +1,12 @@
 """What a waiting sensor concludes from a gang and its ``status.json``: running, done, failed, stalled.
 
 Shared by the Airflow trigger (which re-creates it after every deferral, so the progress clock
-travels in ``Watch.as_dict``) and by anything else that waits on a gang. Stalled means no step
-progress for ``stall_timeout_s`` — a node stopped with SIGSTOP or a hung collective freezes every
-rank's step counter. While the trainer says it is starting up or writing a checkpoint, steps
-legitimately pause, so there a fresh heartbeat also counts as a sign of life.
+travels in ``Watch.as_dict``) and by anything else that waits on a gang. Progress is a change of
+the trainer's (state, step) as written in ``status.json`` by this attempt (a file left by an
+earlier attempt does not count). Stalled means no progress for ``stall_timeout_s`` — a node
+stopped with SIGSTOP or a hung collective freezes every rank's step counter — or, before this
+attempt showed any progress, for ``startup_timeout_s``. While the trainer says it is starting up
+or writing a checkpoint, steps legitimately pause, so there a fresh heartbeat also counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pipelines.launch import local
 
 STALLED, TIMED_OUT = "stalled", "timed_out"
 _BUSY_WITHOUT_STEPS = ("initializing", "checkpointing")
+_DONE = ("succeeded", "failed", "canceled")
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
@@ -35,12 +38,13 @@ def _epoch(iso: str | None) -> float:
 
 @dataclass
 class Watch:
-    """Progress clock of one gang: the last step seen and when it (or a heartbeat) last moved."""
+    """Progress clock of one gang attempt: the last (state, step) seen and when it last moved."""
 
     gang_json: str
     stall_timeout_s: float
+    startup_timeout_s: float
     deadline: float                  # epoch seconds: compute.timeout_s after the gang started
-    step: int = -1
+    seen: str = ""                   # "<state>@<step>" last seen from this attempt
     moved_at: float = 0.0            # epoch seconds
 
     def check(self, now: float | None = None) -> dict[str, Any]:
@@ -48,27 +52,32 @@ class Watch:
         now = time.time() if now is None else now
         handle = local.Handle.load(Path(self.gang_json))
         gang = local.poll(handle)
+        started = _epoch(handle.started_at)
         status = read_status(handle.path.parent.parent)
+        heartbeat = _epoch(status.get("heartbeat_at"))
+        fresh = heartbeat >= started
         if not self.moved_at:
-            self.moved_at = _epoch(handle.started_at)
-        step = int(status.get("step") or 0)
-        if step != self.step:
-            self.step, self.moved_at = step, now
+            self.moved_at = started
+        if fresh and (key := f"{status.get('state')}@{status.get('step')}") != self.seen:
+            self.seen, self.moved_at = key, now
         last_sign = self.moved_at
-        if status.get("state") in _BUSY_WITHOUT_STEPS:  # a heartbeat vouches for these phases only
-            heartbeat = _epoch(status.get("heartbeat_at"))
-            if heartbeat >= _epoch(handle.started_at):   # not one left by an earlier attempt
-                last_sign = max(last_sign, heartbeat)
-        out = {"state": gang.state, "detail": gang.detail, "status": status, "attempt": handle.attempt,
-               "watch": self.as_dict()}
+        if fresh and status.get("state") in _BUSY_WITHOUT_STEPS:
+            last_sign = max(last_sign, heartbeat)
+        out = {"state": gang.state, "detail": gang.detail, "status": status if fresh else {},
+               "attempt": handle.attempt, "watch": self.as_dict()}
         if gang.state != local.RUNNING:
             return out
         if now > self.deadline:
             return {**out, "state": TIMED_OUT, "detail": "training gang exceeded compute.timeout_s"}
-        if now - last_sign > self.stall_timeout_s:
+        # Before this attempt's first sign, and once the trainer says it is done and only has to
+        # exit, the longer startup budget applies; in between, the stall budget.
+        steady = self.seen and status.get("state") not in _DONE
+        limit, what = ((self.stall_timeout_s, "compute.stall_timeout_s") if steady else
+                       (self.startup_timeout_s, "compute.startup_timeout_s"))
+        if now - last_sign > limit:
             return {**out, "state": STALLED,
-                    "detail": f"no heartbeat and no step progress for {now - last_sign:.0f} s "
-                              f"(compute.stall_timeout_s={self.stall_timeout_s:g}); last step {step}"}
+                    "detail": f"no heartbeat and no step progress for {now - last_sign:.0f} s ({what}={limit:g}); "
+                              f"last seen {self.seen or 'nothing from this attempt'}"}
         return out
 
     def as_dict(self) -> dict[str, Any]:

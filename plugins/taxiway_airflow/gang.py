@@ -81,7 +81,8 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         handle = local.Handle.load(Path(external_id))
         cfg = self._config()
         started = datetime.fromisoformat(handle.started_at).timestamp()
-        self._defer(Watch(str(handle.path), cfg.compute.stall_timeout_s, started + cfg.compute.timeout_s).as_dict())
+        self._defer(Watch(str(handle.path), cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s,
+                          started + cfg.compute.timeout_s).as_dict())
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
         from pipelines import stages
