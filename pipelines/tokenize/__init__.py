@@ -26,7 +26,7 @@ from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.paths import cache_dir
-from pipelines.tokenize import bpe
+from pipelines.tokenize import allocator, bpe
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 
@@ -73,6 +73,7 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
 def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS) -> Packed:
     """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val)."""
     started = time.perf_counter()
+    allocator.bound()
     entries = manifest.read(cfg.data.manifest)
     refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS if split in splits
             or (split == "train" and not cfg.tokenizer.path)}
@@ -109,6 +110,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         for group in split_groups_:
             stream = tokenize_group(group, tok, tok_sha, eos, dtype, cfg.data.format, cache_dir())
             writer.add_stream(stream.tokens, stream.starts)
+            allocator.trim()
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
             chars += stream.chars
             reused += stream.cache_hit
