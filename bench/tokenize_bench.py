@@ -5,7 +5,8 @@ trained on the demo corpus's train split):
 - taxiway: ``pipelines.tokenize.run`` end to end (read files, tokenize, pack windows, write shards),
   cold cache, then warm (cache hit);
 - megatron-style: ``multiprocessing.Pool(cores)`` calling ``tokenizer.encode`` per document and
-  writing the ids to a binary file.
+  writing the ids to a binary file;
+- datasets: HF ``Dataset.map(batched=True, num_proc=cores)`` calling ``encode_batch``, ids written out.
 
 Corpora: the demo corpus (1x) and 10 copies of it under other names (10x). Each measurement in
 its own fresh process, timed after imports; peak RSS = the process's VmHWM.
@@ -120,11 +121,39 @@ def run_megatron(data: Path, tok_path: Path, out: Path) -> dict:
     return {"seconds": time.perf_counter() - t, "tokens": tokens}
 
 
+def _encode_paths(batch: dict, tok_path: str) -> dict:
+    if _TOK is None:
+        _init(tok_path)
+    texts = [Path(p).read_text() for p in batch["path"]]
+    return {"ids": [e.ids for e in _TOK.encode_batch(texts)]}
+
+
+def run_datasets(data: Path, tok_path: Path, scratch: Path) -> dict:
+    """HF ``datasets``: ``Dataset.map(batched=True, num_proc=cores)``, then the ids written out."""
+    import datasets
+    import numpy as np
+
+    datasets.disable_progress_bars()
+    t = time.perf_counter()
+    ds = datasets.Dataset.from_dict({"path": [str(p) for p in _files(data)]})
+    out = ds.map(_encode_paths, fn_kwargs={"tok_path": str(tok_path)}, batched=True, batch_size=64,
+                 num_proc=os.cpu_count(), remove_columns=["path"], load_from_cache_file=False,
+                 cache_file_name=str(scratch / "map.arrow"))
+    tokens = 0
+    with open(scratch / "ids.bin", "wb") as fh:
+        for batch in out.iter(batch_size=256):
+            for ids in batch["ids"]:
+                np.asarray(ids, dtype=np.uint16).tofile(fh)
+                tokens += len(ids)
+    return {"seconds": time.perf_counter() - t, "tokens": tokens}
+
+
 def child(method: str, data: str, tok: str, scratch: str) -> None:
     data_p, tok_p, scratch_p = Path(data), Path(tok), Path(scratch)
     out = {"raw": lambda: run_raw(data_p, tok_p),
            "taxiway": lambda: run_taxiway(data_p, tok_p, scratch_p),
-           "megatron": lambda: run_megatron(data_p, tok_p, scratch_p / "ids.bin")}[method]()
+           "megatron": lambda: run_megatron(data_p, tok_p, scratch_p / "ids.bin"),
+           "datasets": lambda: run_datasets(data_p, tok_p, scratch_p)}[method]()
     out["peak_rss_mib"] = _peak_mib()
     print(json.dumps(out))
 
@@ -150,7 +179,7 @@ def main() -> None:
         tok = Path(tmp) / "tokenizer.json"
         for name, data in corpora.items():
             row = {}
-            for method in ("raw", "taxiway", "megatron"):
+            for method in ("raw", "taxiway", "megatron", "datasets"):
                 runs = [measure(method, data, tok) for _ in range(args.repeats)]
                 sec = statistics.median(r["seconds"] for r in runs)
                 row[method] = {"median_s": round(sec, 3), "tokens": runs[0]["tokens"],
@@ -160,6 +189,7 @@ def main() -> None:
                     row[method]["warm_median_s"] = round(statistics.median(r["warm_seconds"] for r in runs), 3)
             row["taxiway_vs_raw"] = round(row["taxiway"]["tokens_per_s"] / row["raw"]["tokens_per_s"], 3)
             row["taxiway_vs_megatron"] = round(row["taxiway"]["tokens_per_s"] / row["megatron"]["tokens_per_s"], 2)
+            row["taxiway_vs_datasets"] = round(row["taxiway"]["tokens_per_s"] / row["datasets"]["tokens_per_s"], 2)
             results[name] = row
             print(json.dumps({name: row}, indent=2), flush=True)
         results["taxiway_peak_rss_x10_over_x1"] = round(
