@@ -11,7 +11,7 @@ Same model (the demo config's GPT, seeded), same windows, same batch size, same 
 Each measurement in its own fresh process, timed after imports and after one warm-up batch;
 medians over repeats, the two methods alternating.
 
-    .venv/bin/python bench/eval_bench.py [--repeats 5] [--windows 1024] [--config configs/demo.yaml]
+    .venv/bin/python bench/eval_bench.py [--repeats 5] [--windows 1024] [--threads N] [--config configs/demo.yaml]
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ def _model(config: Path, packed: Path):
                          block_size=m.block_size)).eval()
 
 
-def worker(method: str, config: Path, packed: Path, windows: int, batch: int) -> dict:
+def worker(method: str, config: Path, packed: Path, windows: int, batch: int, threads: int | None) -> dict:
     import numpy as np
     import torch
 
+    if threads:
+        torch.set_num_threads(threads)
     from eval.score import score
     from trainer.data import PackedSplit
 
@@ -90,6 +92,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--windows", type=int, default=1024)
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads in both methods (default: torch's)")
     ap.add_argument("--worker", choices=METHODS)
     ap.add_argument("--packed", type=Path)
     args = ap.parse_args()
@@ -98,7 +101,7 @@ def main() -> None:
 
     batch = load_config(args.config).eval.batch_size
     if args.worker:
-        print(json.dumps(worker(args.worker, args.config, args.packed, args.windows, batch)))
+        print(json.dumps(worker(args.worker, args.config, args.packed, args.windows, batch, args.threads)))
         return
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -110,7 +113,8 @@ def main() -> None:
     for r in range(args.repeats):
         for method in METHODS if r % 2 == 0 else METHODS[::-1]:
             out = subprocess.run([sys.executable, __file__, "--worker", method, "--packed", str(packed),
-                                  "--windows", str(args.windows), "--config", str(args.config)],
+                                  "--windows", str(args.windows), "--config", str(args.config),
+                                  *(["--threads", str(args.threads)] if args.threads else [])],
                                  capture_output=True, text=True, env=env, check=True)
             runs[method].append(json.loads(out.stdout.strip().splitlines()[-1]))
     rate = {m: statistics.median(r["tokens"] / r["seconds"] for r in runs[m]) for m in METHODS}
@@ -121,7 +125,7 @@ def main() -> None:
     first = runs["bare"][0]
     print(f"started {started}; {platform.node()}, {os.cpu_count()} cores, torch threads {first['threads']}; "
           f"config {args.config.name}, batch {batch}, {first['windows']} windows ({first['tokens']} tokens)")
-    cpu = {m: statistics.median(r["cpu_seconds"] * 1000 / r["tokens"] for r in runs[m]) for m in METHODS}
+    cpu = {m: statistics.median(r["cpu_seconds"] * 1e6 / r["tokens"] for r in runs[m]) for m in METHODS}
     print("| method | tokens/s (median) | CPU ms per 1k tokens (median) | all repeats (tokens/s) |")
     print("|---|---|---|---|")
     for m in METHODS:
