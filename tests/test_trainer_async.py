@@ -44,8 +44,7 @@ def test_snapshot_is_taken_off_the_live_tensors(tmp_path: Path):
     saver.reserve((live_model, live_optim))
     expected_model = {k: v.clone() for k, v in live_model.items()}
     expected_optim = {p: {k: v.clone() for k, v in s.items()} for p, s in live_optim["state"].items()}
-    blocked = saver.save(1, live_model, live_optim, {"global_step": 1}, fresh=False)
-    assert blocked < 5
+    saver.save(1, live_model, live_optim, {"global_step": 1}, fresh=False)
     with torch.no_grad():  # the next training steps, while model.pt is being written
         for p in model.parameters():
             p.add_(1.0)

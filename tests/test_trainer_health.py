@@ -85,6 +85,13 @@ def test_world_size_other_than_configured_fails_at_startup(corpus, tmp_path: Pat
     assert not (run / "checkpoints").exists()
 
 
+def test_nccl_without_a_gpu_fails_at_startup_with_the_reason(corpus, tmp_path: Path):
+    cfg, packed = corpus
+    run = tmp_path / "nccl"
+    assert train(dataclasses.replace(one_rank_spec(cfg, packed, run), backend="nccl")) == EXIT_STARTUP
+    assert "compute.backend is nccl but no CUDA device is visible" in status(run)["error"]
+
+
 def _gang(cfg, packed: Path, run_dir: Path, **env: str) -> tuple[local.Handle, local.GangState]:
     spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
     handle = local.submit(dataclasses.replace(spec, env={**spec.env, **env}))

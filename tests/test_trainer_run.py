@@ -13,6 +13,7 @@ import torch
 from trainer_corpus import events, make_corpus, one_rank_spec, read_jsonl, status, with_overrides
 
 from pipelines.launch.spec import write_trainer_spec
+from trainer.fsio import sha256_file
 from trainer.loop import train
 from trainer.schedule import Schedule
 from trainer.spec import TrainSpec
@@ -108,3 +109,18 @@ def test_metrics_mfu_and_bf16_autocast(corpus, tmp_path: Path):
     assert first[0] != first[1] and abs(first[0] - first[1]) < 0.05
     saved = torch.load(tmp_path / "bf16" / "checkpoints" / "step-00000004" / "model.pt", weights_only=True)
     assert all(v.dtype == torch.float32 for v in saved.values()), "autocast keeps fp32 master weights"
+
+
+def test_checkpoint_of_an_older_format_is_refused_by_name(corpus, tmp_path: Path):
+    cfg, packed = corpus
+    run = tmp_path / "old"
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 4}), packed, run)) == 0
+    folder = run / "checkpoints" / "step-00000004"
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["format"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    sums = json.loads((folder / "checksums.json").read_text())
+    (folder / "checksums.json").write_text(json.dumps({**sums, "meta.json": sha256_file(folder / "meta.json")}))
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 8}), packed, run)) == 1
+    error = status(run)["error"]
+    assert str(folder / "meta.json") in error and "checkpoint format 1" in error

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import TrainerError
 from trainer.fsio import sha256_file, write_json_atomic
 
 log = logging.getLogger("trainer.checkpoint")
 _NAME = re.compile(r"^step-(\d{8})$")
+FORMAT = 2  # meta.json "format"; 1 = before optimizer state keyed by name and the schedule anchor
 INPROGRESS = ".inprogress"
 
 
@@ -168,6 +170,10 @@ def latest_valid(root: Path) -> Path | None:
 
 def load(path: Path, rank: int) -> dict[str, Any]:
     meta = json.loads((path / "meta.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise TrainerError(f"{path}/meta.json: checkpoint format {meta.get('format', 1)}, this trainer reads format "
+                           f"{FORMAT} (optimizer state keyed by parameter name, LR schedule anchor); resume it with "
+                           "the trainer version that wrote it, or move the folder away to start over")
     rng_file = path / f"rng-rank{rank}.pt"
     return {
         "meta": meta,

@@ -302,7 +302,8 @@ class _Run:
                           "grad_norm": _finite_or_none(norm_value, 5), "tokens_seen": self.tokens_seen,
                           "tokens_per_s": round(tps, 1), "mfu": None if util is None else round(util, 4),
                           "step_time_s": round(time.perf_counter() - step_started, 5),
-                          "rank_step_time_s": [round(s, 5) for s in rank_times], "skipped_steps": guard.skipped}
+                          "rank_step_time_s": [round(s, 5) for s in rank_times], "skipped_steps": guard.skipped,
+                          "cpu_s": round(time.process_time(), 3)}
                 status.log_metrics(record)
                 status.update(step=self.step, loss=record["loss"], tokens_seen=self.tokens_seen,
                               tokens_per_s=record["tokens_per_s"], mfu=record["mfu"], skipped_steps=guard.skipped)
@@ -348,7 +349,8 @@ class _Run:
             dist.barrier()  # every rank's RNG file is on disk before rank 0 lists the folder
         if ctx.rank == 0:
             model_state, optim_state, fresh = full
-            meta = {"global_step": self.step, "tokens_seen": self.tokens_seen, "sampler": self.sampler.state_dict(),
+            meta = {"format": checkpoint.FORMAT, "global_step": self.step, "tokens_seen": self.tokens_seen,
+                    "sampler": self.sampler.state_dict(),
                     "lr_schedule": self.schedule.to_dict(), "grad_scaler": None, "skipped_steps": skipped,
                     "config_sha256": spec.config_sha256, "parent": self.parent_uri, "world_size": ctx.world,
                     "parallel": self.kind}

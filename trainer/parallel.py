@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainer import StartupCheckFailed
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -35,6 +37,9 @@ class Dist:
 def setup(backend: str, timeout_s: float = 600.0) -> Dist:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise StartupCheckFailed("startup checks failed: compute.backend is nccl but no CUDA device is visible "
+                                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
     cuda = torch.cuda.is_available() and backend != "gloo"
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda and local_rank < torch.cuda.device_count():

@@ -111,25 +111,27 @@ class Saver:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future | None = None
         self._committed: list[Committed] = []
+        self._allocating: Future | None = None
         self.reserved = False
 
     def reserve(self, state: Any) -> None:
         """Allocate the snapshot buffers in the background (once, when the optimizer state exists)."""
         if not self.reserved:
             self.reserved = True
-            self._executor.submit(self.staging.allocate, self.staging.layout(state))
+            self._allocating = self._executor.submit(self.staging.allocate, self.staging.layout(state))
 
     def save(self, step: int, model_state: dict, optim_state: dict, meta: dict, fresh: bool,
-             heartbeat: Callable[[], None] = lambda: None) -> float:
-        """Snapshot and hand to the writer (and, when not async, wait for it). Returns the seconds
-        the caller was blocked, including any wait for the previous write."""
-        started = time.perf_counter()
+             heartbeat: Callable[[], None] = lambda: None) -> None:
+        """Snapshot and hand to the writer (and, when not async, wait for it); waits for the
+        previous write first."""
         self.wait(heartbeat)
+        if self._allocating is not None:  # the buffers are being allocated: never copy into them meanwhile
+            self._allocating.result()
+            self._allocating = None
         snapshot = (model_state, optim_state) if fresh else self.staging.copy((model_state, optim_state))
         self._pending = self._executor.submit(self._write, step, *snapshot, meta)
         if not self.async_save:
             self.wait(heartbeat)
-        return time.perf_counter() - started
 
     def _write(self, step: int, model_state: dict, optim_state: dict, meta: dict) -> Committed:
         started = time.perf_counter()
