@@ -25,8 +25,6 @@ from pipelines.launch.watch import STALLED, Watch
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("gang")
-    env = pytest.MonkeyPatch()
-    env.setenv("TAXIWAY_HOME", str(root / "home"))
     for split, n in (("train", 60), ("val", 10)):
         (root / split).mkdir()
         for i in range(n):
@@ -37,8 +35,7 @@ def packed(tmp_path_factory):
                              "train.steps=100000", "checkpoint.every_steps=5"])
     from pipelines import tokenize
 
-    yield cfg, tokenize.run(cfg).path
-    env.undo()
+    return cfg, tokenize.run(cfg).path
 
 
 def _launch(packed, run_dir: Path) -> local.Handle:
