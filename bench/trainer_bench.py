@@ -1,7 +1,8 @@
 """Trainer benchmark, side by side, each run a fresh ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU):
 
-1. throughput: ``python -m trainer`` (status.json, metrics.jsonl and events every step as configured,
-   async checkpoints every ``--every`` steps, health collective, watchdog) against a bare PyTorch
+1. throughput: ``python -m trainer`` (status.json at every state change and every 5 s, metrics.jsonl
+   every 10 steps, events.jsonl, async checkpoints every ``--every`` steps, the per-step health
+   collective, the data watchdog) against a bare PyTorch
    DDP loop training the same GPT on the same batches (materialized in memory before timing: the
    bare loop pays nothing for data). tokens/s from the end of warmup step W to the last step N
    (the trainer's final checkpoint and export come after N and are not counted). Also tokens per

@@ -7,7 +7,8 @@ environment variable:
 - ``TAXIWAY_TEST_HOLD=step:6`` — rank 0 stops after finishing step 6; ``write:8`` — rank 0's
   checkpoint writer stops after ``model.pt`` of step 8 (before ``optim.pt`` and ``checksums.json``).
   Either writes ``<run>/train/held-<kind>-<step>`` and then sleeps until it is killed.
-- ``TAXIWAY_TEST_NAN_STEPS=3,4`` — the loss of those steps (1-based) becomes NaN on every rank.
+- ``TAXIWAY_TEST_NAN_STEPS=3,4`` — the loss of those steps (1-based) becomes NaN on every rank
+  before the backward pass, so the gradients do too.
 - ``TAXIWAY_TEST_SPIKE_STEPS=25`` — the loss measured at those steps is 10x (the update is not).
 - ``TAXIWAY_TEST_SLOW_RANK=1:0.05`` — rank 1 sleeps 0.05 s before each batch.
 - ``TAXIWAY_TEST_STALL_DATA_STEP=3`` — the batch for step 3 never arrives.
@@ -66,10 +67,12 @@ class Faults:
             while True:
                 time.sleep(3600)
 
+    def corrupt_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate (``step`` 1-based): NaN on the chosen steps, so the gradients are too."""
+        return loss * float("nan") if step in self.nan_steps else loss
+
     def measured_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """The step's loss as the health checks see it (``step`` 1-based)."""
-        if step in self.nan_steps:
-            return loss * float("nan")
+        """The step's loss as the spike detector sees it: 10x on the chosen steps, the update untouched."""
         return loss * 10 if step in self.spike_steps else loss
 
     def before_batch(self, rank: int, step: int) -> None:

@@ -1,7 +1,7 @@
 """The training loop, readable top to bottom (after torchtitan's train.py).
 
 startup checks → build model → resume (newest valid checkpoint, else parent weights) → step loop
-(accumulate, clip, one health collective, skip or step, log, checkpoint asynchronously, honour
+(accumulate, clip, skip or step while one small health all-reduce runs, log, checkpoint asynchronously, honour
 SIGTERM) → wait for the last checkpoint → export weights.
 """
 
@@ -255,6 +255,7 @@ class _Run:
                 with parallel.grad_sync(self.wrapped, self.kind, last):
                     with autocast():
                         _, loss = self.wrapped(x, y, d)
+                    loss = self.faults.corrupt_loss(self.step + 1, loss)
                     if last:
                         timer.mark()
                     (loss / accum).backward()
@@ -262,27 +263,28 @@ class _Run:
             loss_sum = self.faults.measured_loss(self.step + 1, loss_sum)
             grad_norm = parallel.clip_grad_norm(self.model, t["grad_clip"])
 
-            # one collective per step: stop flag, non-finite flag, loss, grad norm, every rank's time
-            health = torch.zeros(4 + world, device=device)
+            # one collective per step, overlapped with the update: stop flag, loss, grad norm, each rank's time
+            health = torch.zeros(3 + world, device=device)
             health[0] = float(self.term.requested)
-            health[1] = (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float()
-            health[2] = loss_sum / accum
-            health[3] = grad_norm
-            health[4 + ctx.rank] = timer.seconds()
-            if world > 1:
-                dist.all_reduce(health)
+            health[1] = loss_sum / accum
+            health[2] = grad_norm
+            health[3 + ctx.rank] = timer.seconds()
+            pending = dist.all_reduce(health, async_op=True) if world > 1 else None
+            # The gradients are already reduced, so this norm is identical on every rank and every rank
+            # takes the same skip decision without waiting for the others; a NaN/Inf loss makes it NaN.
+            finite = bool(torch.isfinite(grad_norm))
+            if finite:
+                self.optim.step()
+            self.optim.zero_grad(set_to_none=True)
+            if pending is not None:
+                pending.wait()
             values = health.tolist()
-            stop, finite = values[0] > 0, values[1] == 0
-            loss_value, norm_value, rank_times = values[2] / world, values[3] / world, values[4:]
-
+            stop, loss_value, norm_value, rank_times = values[0] > 0, values[1] / world, values[2] / world, values[3:]
             if guard.observe(finite, self.step + 1):
                 events.emit("nonfinite_step_skipped", logging.WARNING, step=self.step + 1, streak=guard.streak,
                             loss=_finite_or_none(loss_value), grad_norm=_finite_or_none(norm_value))
-            else:
-                self.optim.step()
-                if (spike := spikes.observe(loss_value)) is not None:
-                    events.emit("loss_spike", logging.WARNING, step=self.step + 1, **spike)
-            self.optim.zero_grad(set_to_none=True)
+            elif (spike := spikes.observe(loss_value)) is not None:
+                events.emit("loss_spike", logging.WARNING, step=self.step + 1, **spike)
             self.step += 1
             self.tokens_seen += tokens_per_step
             window_tokens += tokens_per_step

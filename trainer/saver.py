@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -91,6 +92,15 @@ class Staging:
         return out
 
 
+def _lower_priority() -> None:
+    """The writer thread yields the CPU to training (nice +10, this thread only): on a busy host the
+    write takes a little longer instead of slowing every rank, which would all wait for this one."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError as exc:  # not permitted in some sandboxes: the write just competes as before
+        log.warning("could not lower the checkpoint writer's priority: %s", exc)
+
+
 @dataclass(frozen=True)
 class Committed:
     step: int
@@ -108,7 +118,8 @@ class Saver:
         self.after_model = after_model
         self.bytes_written = 0
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer",
+                                            initializer=_lower_priority)
         self._pending: Future | None = None
         self._committed: list[Committed] = []
         self._allocating: Future | None = None

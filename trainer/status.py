@@ -44,7 +44,7 @@ class StatusWriter:
         now = time.monotonic()
         if self.enabled and (force or "state" in fields or now - self._last >= self.every_s):
             self.fields["heartbeat_at"] = utc_now()
-            write_json_atomic(self.path, self.fields)
+            write_json_atomic(self.path, self.fields, durable=False)
             self._last = now
 
     def log_metrics(self, record: dict[str, Any]) -> None:
