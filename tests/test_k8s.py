@@ -24,6 +24,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from trainer_corpus import write_corpus
 
 from conftest import REPO, TINY, taxiway
 from pipelines.config import ConfigError, load_config
@@ -643,19 +644,12 @@ def fake_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture(scope="module")
 def k8s_run(tmp_path_factory: pytest.TempPathFactory):
     """A prepared and tokenized run folder under the pods' mount path (TAXIWAY_HOME), 1 node, 6 steps."""
-    from pipelines import atomic, manifest, stages, tokenize
+    from pipelines import atomic, stages, tokenize
 
     root = tmp_path_factory.mktemp("k8s")
     env = pytest.MonkeyPatch()
     env.setenv("TAXIWAY_HOME", str(root / "home"))
-    for split, n in (("train", 60), ("val", 10)):
-        (root / split).mkdir()
-        for i in range(n):
-            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
-    manifest.write(root / "manifest.jsonl", manifest.scan(root))
-    cfg = load_config(TINY, [*BASE, f"data.train={root / 'train'}", f"data.val={root / 'val'}",
-                             f"data.manifest={root / 'manifest.jsonl'}", "tokenizer.vocab_size=280",
-                             "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
+    cfg = load_config(TINY, [*BASE, *write_corpus(root), "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
                              "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={root / 'home'}",
                              "compute.kubernetes.connection_id=taxiway_fake_k8s"])
     run_dir = root / "home" / "runs" / "k8s-run"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_corpus import write_corpus
 
 from conftest import TINY
-from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.launch.spec import write_trainer_spec
 from trainer import checkpoint
@@ -25,14 +25,7 @@ def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("trainer")
     env = pytest.MonkeyPatch()
     env.setenv("TAXIWAY_HOME", str(root / "home"))
-    for split, n in (("train", 60), ("val", 10)):
-        (root / split).mkdir()
-        for i in range(n):
-            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
-    manifest.write(root / "manifest.jsonl", manifest.scan(root))
-    cfg = load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
-                             f"data.manifest={root / 'manifest.jsonl'}", "tokenizer.vocab_size=280",
-                             "train.steps=12", "checkpoint.every_steps=4", "checkpoint.keep_last_n=5",
+    cfg = load_config(TINY, [*write_corpus(root), "train.steps=12", "checkpoint.every_steps=4", "checkpoint.keep_last_n=5",
                              "train.deterministic=true"])
     from pipelines import tokenize
 

@@ -3,15 +3,23 @@ full-state checkpoint format, and resumes bitwise after a SIGKILL."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_corpus import events, kill9, make_corpus, read_jsonl, status, wait_for, with_overrides
+from trainer_corpus import (
+    events,
+    finish_gang,
+    kill9,
+    make_corpus,
+    read_jsonl,
+    status,
+    submit_gang,
+    wait_for,
+    with_overrides,
+)
 
 from pipelines.launch import local
-from pipelines.launch.spec import launch_spec, write_trainer_spec
 from trainer.model import GPT
 from trainer.spec import TrainSpec
 
@@ -19,17 +27,6 @@ from trainer.spec import TrainSpec
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     yield from make_corpus(tmp_path_factory)
-
-
-def _submit(cfg, packed: Path, run_dir: Path, **env: str) -> local.Handle:
-    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
-    return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
-
-
-def _finish(handle: local.Handle) -> None:
-    state = wait_for(lambda: (s := local.poll(handle)).state != local.RUNNING and s, 120, "the gang to exit")
-    local.cleanup(handle, grace_s=5)
-    assert state.state == local.SUCCEEDED, state.detail
 
 
 def _model(run_dir: Path, step: int = 16) -> dict[str, torch.Tensor]:
@@ -40,16 +37,16 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
     cfg, packed = corpus
     fsdp = with_overrides(cfg, train={"parallel": "fsdp"})
     ref, ddp, killed, bf16 = (tmp_path / n for n in ("fsdp", "ddp", "fsdp-killed", "fsdp-bf16"))
-    running = [_submit(fsdp, packed, ref), _submit(cfg, packed, ddp),
-               _submit(with_overrides(fsdp, train={"precision": "bf16", "steps": 4}), packed, bf16)]
-    handle = _submit(fsdp, packed, killed, TAXIWAY_TEST_HOLD="step:6")
+    running = [submit_gang(fsdp, packed, ref), submit_gang(cfg, packed, ddp),
+               submit_gang(with_overrides(fsdp, train={"precision": "bf16", "steps": 4}), packed, bf16)]
+    handle = submit_gang(fsdp, packed, killed, TAXIWAY_TEST_HOLD="step:6")
     wait_for((killed / "train" / "held-step-6").exists, 120, "rank 0 to hold at step 6")
     kill9(local.processes(handle.gang_id))
     wait_for(lambda: local.poll(handle).state != local.RUNNING, 30, "the killed gang to be gone")
     local.cleanup(handle, grace_s=5)
-    running.append(_submit(fsdp, packed, killed))
+    running.append(submit_gang(fsdp, packed, killed))
     for h in running:
-        _finish(h)
+        finish_gang(h)
 
     started = events(ref, "training_started")[0]
     assert started["parallel"] == "fsdp" and started["local_parameters"] < 0.6 * started["parameters"]  # sharded

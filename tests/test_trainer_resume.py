@@ -3,32 +3,19 @@ bitwise identical to an uninterrupted run: 2 nodes x 1 process over loopback, th
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_corpus import events, kill9, make_corpus, status, wait_for
+from trainer_corpus import events, finish_gang, kill9, make_corpus, status, submit_gang, wait_for
 
 from pipelines.launch import local
-from pipelines.launch.spec import launch_spec, write_trainer_spec
 from trainer import checkpoint
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     yield from make_corpus(tmp_path_factory)
-
-
-def _submit(cfg, packed: Path, run_dir: Path, **env: str) -> local.Handle:
-    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
-    return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
-
-
-def _finish(handle: local.Handle, timeout_s: float = 120) -> None:
-    state = wait_for(lambda: (s := local.poll(handle)).state != local.RUNNING and s, timeout_s, "the gang to exit")
-    local.cleanup(handle, grace_s=5)
-    assert state.state == local.SUCCEEDED, state.detail
 
 
 def _kill_when_held(handle: local.Handle, marker: Path) -> None:
@@ -52,24 +39,24 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
 def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: Path):
     cfg, packed = corpus  # 16 steps, a checkpoint every 4, deterministic, 2 nodes x 1 process
     ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
-    reference = _submit(cfg, packed, ref)  # runs alongside the killed attempts
+    reference = submit_gang(cfg, packed, ref)  # runs alongside the killed attempts
 
     # 1: between checkpoints (rank 0 stops after step 6; step 4 is the newest checkpoint)
-    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="step:6"), run / "train" / "held-step-6")
+    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:6"), run / "train" / "held-step-6")
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
     # 2: in the middle of writing step 8 (model.pt written, optim.pt and checksums.json not yet)
-    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="write:8"), run / "train" / "held-write-8")
+    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="write:8"), run / "train" / "held-write-8")
     torn = run / "checkpoints" / "step-00000008.inprogress"
     assert (torn / "model.pt").exists() and not (torn / "checksums.json").exists()
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
     # 3: after two more checkpoints of the third attempt (which threw the torn folder away)
-    _kill_when_held(_submit(cfg, packed, run, TAXIWAY_TEST_HOLD="step:14"), run / "train" / "held-step-14")
+    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:14"), run / "train" / "held-step-14")
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000012"
 
-    _finish(_submit(cfg, packed, run))
-    _finish(reference)
+    finish_gang(submit_gang(cfg, packed, run))
+    finish_gang(reference)
 
     resumed = [(e["global_step"], Path(e["path"]).name) for e in events(run, "resumed")]
     assert resumed == [(4, "step-00000004"), (4, "step-00000004"), (12, "step-00000012")]

@@ -14,11 +14,24 @@ import pytest
 from conftest import TINY
 from pipelines import manifest
 from pipelines.config import load_config
-from pipelines.launch.spec import write_trainer_spec
+from pipelines.launch import local
+from pipelines.launch.spec import launch_spec, write_trainer_spec
 from trainer.spec import TrainSpec
 
 BASE = ["tokenizer.vocab_size=280", "train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last_n=10",
         "train.deterministic=true", "train.log_every=1"]
+
+
+def write_corpus(root: Path) -> list[str]:
+    """60 short train and 10 val documents with their manifest under ``root``; returns the
+    ``data.*`` config overrides that point at them (vocabulary 280 fits them)."""
+    for split, n in (("train", 60), ("val", 10)):
+        (root / split).mkdir(parents=True)
+        for i in range(n):
+            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
+    manifest.write(root / "manifest.jsonl", manifest.scan(root))
+    return [f"data.train={root / 'train'}", f"data.val={root / 'val'}", f"data.manifest={root / 'manifest.jsonl'}",
+            "tokenizer.vocab_size=280"]
 
 
 def make_corpus(tmp_path_factory):
@@ -27,13 +40,7 @@ def make_corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     env = pytest.MonkeyPatch()
     env.setenv("TAXIWAY_HOME", str(root / "home"))
-    for split, n in (("train", 60), ("val", 10)):
-        (root / split).mkdir()
-        for i in range(n):
-            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
-    manifest.write(root / "manifest.jsonl", manifest.scan(root))
-    cfg = load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
-                             f"data.manifest={root / 'manifest.jsonl'}", *BASE])
+    cfg = load_config(TINY, [*write_corpus(root), *BASE])
     from pipelines import tokenize
 
     yield cfg, tokenize.run(cfg).path
@@ -49,6 +56,19 @@ def with_overrides(cfg, **sections):
 def one_rank_spec(cfg, packed: Path, run_dir: Path) -> TrainSpec:
     """The trainer contract for one in-process rank."""
     return dataclasses.replace(TrainSpec.load(write_trainer_spec(cfg, run_dir, packed)), world_size=1)
+
+
+def submit_gang(cfg, packed: Path, run_dir: Path, **env: str) -> local.Handle:
+    """A local gang for ``cfg`` with extra environment (e.g. ``TAXIWAY_TEST_*`` fault hooks)."""
+    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
+    return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
+
+
+def finish_gang(handle: local.Handle, timeout_s: float = 120) -> None:
+    """Wait for the gang to exit, clean it up, and require that it succeeded."""
+    state = wait_for(lambda: (s := local.poll(handle)).state != local.RUNNING and s, timeout_s, "the gang to exit")
+    local.cleanup(handle, grace_s=5)
+    assert state.state == local.SUCCEEDED, state.detail
 
 
 def read_jsonl(path: Path) -> list[dict]:
