@@ -64,20 +64,6 @@ def launch(cfg, packed: Path, run_dir: Path):
     raise RuntimeError("gang did not start")
 
 
-def worker_pids(gang_id: str, rank: int) -> list[int]:
-    from pipelines.launch import local
-
-    out = []
-    for pid in local.processes(gang_id):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID=none" in env:
-            out.append(pid)
-    return out
-
-
 def kill_case(cfg, packed: Path, run_dir: Path) -> dict:
     from pipelines.launch import local
 
@@ -100,7 +86,7 @@ def stall_case(cfg, packed: Path, run_dir: Path, stall_timeout: float) -> dict:
     handle = launch(cfg, packed, run_dir)
     watch = Watch(str(handle.path), stall_timeout, 600, time.time() + 3600)
     watch.check()
-    for pid in worker_pids(handle.gang_id, 1):
+    for pid in local.processes(handle.gang_id, rank=1):
         os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
     while (r := watch.check())["state"] == local.RUNNING:

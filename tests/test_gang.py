@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_corpus import write_corpus
 
 from conftest import REPO, TINY
-from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.launch import local
 from pipelines.launch.spec import launch_spec, write_trainer_spec
@@ -25,14 +25,7 @@ from pipelines.launch.watch import STALLED, Watch
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("gang")
-    for split, n in (("train", 60), ("val", 10)):
-        (root / split).mkdir()
-        for i in range(n):
-            (root / split / f"{i}.txt").write_text(f"doc {i} in {split}: " + "lorem ipsum dolor sit amet " * (i % 7 + 2))
-    manifest.write(root / "manifest.jsonl", manifest.scan(root))
-    cfg = load_config(TINY, [f"data.train={root / 'train'}", f"data.val={root / 'val'}",
-                             f"data.manifest={root / 'manifest.jsonl'}", "tokenizer.vocab_size=280",
-                             "train.steps=100000", "checkpoint.every_steps=5"])
+    cfg = load_config(TINY, [*write_corpus(root), "train.steps=100000", "checkpoint.every_steps=5"])
     from pipelines import tokenize
 
     return cfg, tokenize.run(cfg).path
@@ -55,19 +48,6 @@ def _wait_step(run_dir: Path, handle: local.Handle, step: int, timeout_s: float 
             pass
         time.sleep(0.1)
     raise AssertionError(f"gang never reached step {step}")
-
-
-def _worker_pids(gang_id: str, rank: int) -> list[int]:
-    """The trainer processes of global rank ``rank`` (torchrun starts them in their own sessions)."""
-    found = []
-    for pid in local.processes(gang_id):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID=none" in env:
-            found.append(pid)
-    return found
 
 
 def test_cancel_saves_a_checkpoint_and_leaves_no_process(packed, tmp_path: Path):
@@ -113,7 +93,7 @@ def test_stall_is_detected_within_the_stall_timeout(packed, tmp_path: Path):
     stall_timeout = 4.0
     watch = Watch(str(handle.path), stall_timeout, startup_timeout_s=120, deadline=time.time() + 600)
     assert watch.check()["state"] == local.RUNNING
-    stopped = _worker_pids(handle.gang_id, 1)
+    stopped = local.processes(handle.gang_id, rank=1)
     assert stopped
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -200,7 +180,7 @@ def _kill_then_stop(run_dir: Path, record: dict) -> None:
     while time.monotonic() < deadline:
         h, s = handle(2), status()
         if h and s.get("state") == "running" and s.get("step", 0) > record["killed_at_step"]:  # attempt 2's own
-            for pid in _worker_pids(h.gang_id, 1):
+            for pid in local.processes(h.gang_id, rank=1):
                 os.kill(pid, signal.SIGSTOP)
             record["stopped_at_step"] = s["step"]
             return

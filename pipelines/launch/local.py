@@ -143,15 +143,16 @@ def poll(handle: Handle) -> GangState:
     return GangState(RUNNING)
 
 
-def processes(gang_id: str) -> list[int]:
-    """Every live process of this gang, found by its environment marker (orphans included)."""
-    needle = f"{MARKER}={gang_id}".encode()
+def processes(gang_id: str, rank: int | None = None) -> list[int]:
+    """Every live process of this gang, found by its environment marker (orphans included); with
+    ``rank``, only the trainer worker of that global rank (torchrun sets ``RANK`` for workers only)."""
+    wanted = {f"{MARKER}={gang_id}".encode()} | ({f"RANK={rank}".encode()} if rank is not None else set())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
+            if wanted <= set((entry / "environ").read_bytes().split(b"\0")) and _start_ticks(int(entry.name)):
                 found.append(int(entry.name))
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
