@@ -32,12 +32,13 @@ def shipped_offset(run_dir: Path) -> int:
         return 0
 
 
-def new_records(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
-    """Complete lines after the shipped offset, and the offset after them (a torn last line waits)."""
+def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Complete lines after byte ``start`` (default: the shipped offset), and the offset after them
+    (a torn last line waits)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return [], 0
-    start = shipped_offset(run_dir)
+    start = shipped_offset(run_dir) if start is None else start
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read()

@@ -268,11 +268,6 @@ def _experiment_id(c, name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id  # another run created it meanwhile
 
 
-def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def _eval_metrics(report: dict[str, Any], step: int):
     from mlflow.entities import Metric
 
@@ -341,7 +336,7 @@ def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str
         if run is not None:
             c.delete_run(run.info.run_id)
         run_id = c.create_run(exp_id, run_name=run_key).info.run_id
-        records = _metrics(run_dir)
+        records, _ = live_metrics.new_records(run_dir, start=0)
     c.set_tag(run_id, LOGGING_TAG, "1")
     c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     params = [Param(k, str(v)[:6000]) for k, v in lineage.flatten(cfg.model_dump(mode="json")).items()]
