@@ -307,3 +307,14 @@ def test_band_keys_are_datasketchs_own_bucket_keys():
     for j, sig in enumerate(sigs):
         lsh.insert(j, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
         assert list(lsh.keys.get(j)) == [band[j] for band in keys]
+
+
+@pytest.mark.parametrize("num_perm", [16, 64, 100, 128, 256])
+def test_lsh_params_are_datasketchs_optimum(num_perm: int):
+    """The closed-form rule must pick the (bands, rows) datasketch's numerical search picks."""
+    from datasketch.lsh import _optimal_param
+
+    from pipelines.preflight.minhash import FN_WEIGHT, FP_WEIGHT, lsh_params
+
+    for threshold in (0.1, 0.3, 0.5, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+        assert lsh_params(threshold, num_perm) == _optimal_param(threshold, num_perm, FP_WEIGHT, FN_WEIGHT)
