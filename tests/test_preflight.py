@@ -224,6 +224,19 @@ def test_near_duplicate_is_found_and_fails_the_gate(data: Path, tmp_path: Path):
     assert pair["val"] == "val/near.txt" and pair["train"] == "train/d007.txt" and pair["jaccard"] >= 0.8
 
 
+def test_overlap_is_the_same_on_two_worker_processes(data: Path, monkeypatch: pytest.MonkeyPatch):
+    """The parallel path (forked workers, results indexed as they arrive) finds what one worker finds."""
+    from pipelines.preflight import overlap
+    from pipelines.preflight.overlap import check_overlap
+
+    monkeypatch.setattr(overlap, "_BATCH_BYTES", 4000)  # many batches per split
+    _plant(data, 60, "near.txt")
+    _plant(data, 30, "nearer.txt")
+    _relist(data)
+    one, two = (check_overlap(_cfg(data), workers=w) for w in (1, 2))
+    assert one.details["pairs"] and one.details == two.details
+
+
 def test_exact_duplicates_within_and_across(data: Path, tmp_path: Path):
     shutil.copyfile(data / "train" / "d001.txt", data / "train" / "copy.txt")
     (data / "val" / "leak.txt").write_text("  " + (data / "train" / "d002.txt").read_text().upper())

@@ -8,8 +8,8 @@ unaligned stride-1 uint64 view, with its length — exact for words up to 16 byt
 word hashes combine into a shingle hash (shingles never cross a document boundary). The permutations are datasketch 2.0's "affine32" scheme
 (``a_k * h + b_k`` in uint32, wraparound as the modulus, ``a_k`` odd so each is a bijection),
 computed as one (num_perm, shingles) matrix with per-document minima from ``np.minimum.reduceat``
-along the contiguous axis. Every heavy step is a numpy call that releases the GIL, so batches
-run in parallel threads.
+along the contiguous axis. Batches are independent: ``overlap`` signs them in parallel worker
+processes.
 
 LSH bands/rows are derived from the target threshold (after datatrove and datasketch): the
 (b, r) with b*r <= num_perm minimising false-positive weight 0.05 and false-negative weight 0.95
@@ -21,10 +21,13 @@ candidate probability is 0.947 at J=0.8, 0.994 at J=0.85 and 0.24 at J=0.6.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 _U64 = np.uint64
 _MIX1, _MIX2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
 _ROLL = _U64(0x9E3779B97F4A7C15)
@@ -103,9 +106,31 @@ def batch_shingles(texts: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray]:
     return (_fmix64(sh) >> _U64(32)).astype(np.uint32), sh_doc
 
 
-def shingle_set(text: str, n: int) -> np.ndarray:
-    """Sorted distinct shingle hashes of one document (for exact Jaccard)."""
-    return np.unique(batch_shingles([text.encode()], n)[0])
+def size_groups(items: list[T], size: Callable[[T], int], limit: int) -> list[list[T]]:
+    """Consecutive groups of about ``limit`` in total size: big enough for numpy, small enough
+    to bound memory and to share out among workers."""
+    out, current, total = [], [], 0
+    for item in items:
+        current.append(item)
+        total += size(item)
+        if total >= limit:
+            out.append(current)
+            current, total = [], 0
+    return out + ([current] if current else [])
+
+
+def shingle_sets(texts: list[bytes], n: int) -> list[np.ndarray]:
+    """Sorted distinct shingle hashes of each document (for exact Jaccard), by batches of
+    ~256 KiB: one sort of (document, hash) keys per batch instead of a ``np.unique`` per document."""
+    return [s for group in size_groups(texts, len, 1 << 18) for s in _shingle_sets(group, n)]
+
+
+def _shingle_sets(texts: list[bytes], n: int) -> list[np.ndarray]:
+    sh, doc = batch_shingles(texts, n)
+    keys = np.sort((doc.astype(np.uint64) << _U64(32)) | sh)
+    keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if len(keys) else keys
+    bounds = np.searchsorted(keys, np.arange(1, len(texts), dtype=np.uint64) << _U64(32))
+    return [part.astype(np.uint32) for part in np.split(keys, bounds)]
 
 
 @lru_cache(maxsize=16)
@@ -136,13 +161,12 @@ class MinHasher:
         self.num_perm, self.shingle_words = num_perm, shingle_words
         self.a = (rng.integers(0, 2**32, num_perm, dtype=np.uint64) | _U64(1)).astype(np.uint32)[:, None]
         self.b = rng.integers(0, 2**32, num_perm, dtype=np.uint64).astype(np.uint32)[:, None]
-        self._local = threading.local()
 
     def signatures(self, texts: list[bytes]) -> np.ndarray:
         """(len(texts), num_perm) uint32 minima; documents without shingles get all-max rows."""
         out = np.full((len(texts), self.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
         sh, doc = batch_shingles(texts, self.shingle_words)
-        buf = self._buffer()
+        buf = _buffer(self.num_perm)
         for lo in range(0, len(sh), _CHUNK_SHINGLES):
             part, part_doc = sh[lo:lo + _CHUNK_SHINGLES], doc[lo:lo + _CHUNK_SHINGLES]
             seg = np.flatnonzero(np.concatenate(([True], part_doc[1:] != part_doc[:-1])))
@@ -153,13 +177,17 @@ class MinHasher:
             out[ids] = np.minimum(out[ids], np.minimum.reduceat(values, seg, axis=1).T)
         return out
 
-    def _buffer(self) -> np.ndarray:
-        """One permutation matrix per thread, reused: allocating 8 MiB per chunk means fresh
-        pages (page faults, unmaps) every time, which serializes threads in the kernel."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = np.empty((self.num_perm, _CHUNK_SHINGLES), dtype=np.uint32)
-        return buf
+
+_LOCAL = threading.local()
+
+
+def _buffer(num_perm: int) -> np.ndarray:
+    """One permutation matrix per thread, reused: allocating 8 MiB per chunk means fresh pages
+    (page faults, unmaps) every time. Kept outside ``MinHasher`` so that it pickles small."""
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None or buf.shape[0] != num_perm:
+        buf = _LOCAL.buf = np.empty((num_perm, _CHUNK_SHINGLES), dtype=np.uint32)
+    return buf
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,8 +1,8 @@
 """Near-duplicate train/val overlap: vectorized MinHash signatures, a datasketch ``MinHashLSH``
 index, and exact confirmation.
 
-Signatures are computed batch by batch on parallel threads (see ``minhash.py``), the train
-split is indexed, each val document queries the index. A candidate whose estimated
+Signatures are computed batch by batch in parallel worker processes (see ``minhash.py``), the
+train split is indexed, each val document queries the index. A candidate whose estimated
 Jaccard is within ``_PREFILTER`` of the threshold is confirmed by its exact shingle Jaccard
 (both documents re-read); only confirmed pairs are reported. A val document with any confirmed
 pair counts as contaminated. See ``minhash.py`` for how bands/rows follow from the threshold.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,12 @@ import numpy as np
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import Record, file_format, records, split_files
-from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_set
+from pipelines.preflight.forked import split_map
+from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_sets, size_groups
 from pipelines.preflight.report import CheckResult
 
 _PREFILTER = 0.1                 # confirm candidates with estimated J >= threshold - this (~3 sigma at 128 perms)
-_BATCH_BYTES = 1 << 20           # bytes of documents hashed per numpy batch
+_BATCH_BYTES = 1 << 18           # bytes per batch: small enough to keep the workers evenly busy on 10 MB
 _EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
 
 
@@ -44,7 +45,7 @@ def record_key(rec: Record, file: str) -> str:
     return file + rec.doc_id[len(rec.file):]
 
 
-def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHasher,
+def _sign_batch(files: list[storage.Location], *, fmt: str | None, hasher: MinHasher,
                 root: storage.Location, bands: int, rows: int) -> Signed:
     """Signatures of every readable document in ``files`` (unreadable ones are the documents
     check's business and are skipped here)."""
@@ -61,18 +62,6 @@ def _sign_batch(files: list[storage.Location], fmt: str | None, hasher: MinHashe
                 texts.append(rec.text.encode())
     sigs = hasher.signatures(texts)
     return Signed(ids, sigs, band_keys(sigs, bands, rows))
-
-
-def _batches(files: list[storage.Location]) -> list[list[storage.Location]]:
-    """Consecutive groups of about ``_BATCH_BYTES``: big enough for numpy, small enough to share."""
-    out, current, size = [], [], 0
-    for loc in files:
-        current.append(loc)
-        size += storage.size(loc)
-        if size >= _BATCH_BYTES:
-            out.append(current)
-            current, size = [], 0
-    return out + ([current] if current else [])
 
 
 def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str, str]:
@@ -152,50 +141,37 @@ class TrainIndex:
         return out, best
 
 
-class _Inline:
-    """``workers=1`` means one core: run the jobs lazily in the calling thread, interleaved with it."""
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    @staticmethod
-    def map(fn, items):
-        return map(fn, items)
-
-
-def _pool(workers: int):
-    return _Inline() if workers <= 1 else ThreadPoolExecutor(max_workers=workers)
-
-
 def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tuple[TrainIndex, Signed]:
-    """Sign train then val batches on ``workers`` threads (numpy releases the GIL); the main
-    thread indexes each train batch as it arrives, while the threads compute the next ones."""
+    """Sign train and val batches on ``workers`` processes (``forked.split_map``; processes, not
+    threads: two threads of one process slowed each other down — their summed batch time grew by
+    half — through page faults and unmaps of numpy temporaries in the shared address space). The
+    main process indexes each train batch as it comes; insertion order does not matter to the
+    index."""
     p = cfg.preflight
     hasher = MinHasher(p.num_perm, p.shingle_words)
-    train_batches = _batches(split_files(cfg.data.train))
-    val_batches = _batches(split_files(cfg.data.val))
+    train_batches = size_groups(split_files(cfg.data.train), storage.size, _BATCH_BYTES)
+    val_batches = size_groups(split_files(cfg.data.val), storage.size, _BATCH_BYTES)
     index = TrainIndex(cfg)
-    with _pool(workers) as pool:
-        results = pool.map(lambda b: _sign_batch(b, cfg.data.format, hasher, root, index.bands, index.rows),
-                           train_batches + val_batches)
-        for _ in train_batches:
-            index.add(next(results))
-        val_parts = list(results)
+    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=hasher, root=root, bands=index.bands, rows=index.rows)
+    val_signed: dict[int, Signed] = {}
+    for i, signed in split_map(sign, train_batches + val_batches, workers):
+        if i < len(train_batches):
+            index.add(signed)
+        else:
+            val_signed[i] = signed
+    val_parts = [val_signed[i] for i in sorted(val_signed)]
     sigs = np.concatenate([v.sigs for v in val_parts]) if val_parts else np.empty((0, p.num_perm), np.uint32)
     keys = [[k for v in val_parts for k in v.keys[b]] for b in range(index.bands)]
     return index, Signed([k for v in val_parts for k in v.ids], sigs, keys)
 
 
-def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location,
-            workers: int) -> list[dict]:
-    """Keep the candidates whose exact shingle Jaccard reaches the threshold."""
+def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location) -> list[dict]:
+    """Keep the candidates whose exact shingle Jaccard reaches the threshold (in the calling
+    process: sending the shingle sets back from workers cost more than it saved)."""
     p = cfg.preflight
     texts = _texts({k for t, v, _ in candidates for k in (t, v)}, root, cfg.data.format)
-    with _pool(workers) as pool:
-        shingles = dict(zip(texts, pool.map(lambda t: shingle_set(t, p.shingle_words), texts.values()), strict=True))
+    sets = shingle_sets([t.encode() for t in texts.values()], p.shingle_words)
+    shingles = dict(zip(texts, sets, strict=True))
     pairs = []
     for t, v, e in candidates:
         exact = jaccard(shingles[t], shingles[v])
@@ -212,7 +188,7 @@ def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | 
     if not val.ids:
         return CheckResult("overlap", False, "validation split has no readable documents", {})
     candidates, best = index.candidates(val, p.overlap_jaccard - _PREFILTER)
-    pairs = confirm(candidates, cfg, root, workers)
+    pairs = confirm(candidates, cfg, root)
     contaminated = sorted({q["val"] for q in pairs})
     fraction = len(contaminated) / len(val.ids)
     if plot_path is not None:
