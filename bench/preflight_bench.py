@@ -3,7 +3,7 @@
 Same corpus, same parameters (128 permutations, 5-word shingles, threshold 0.8), each method in
 its own fresh process (timed after imports; peak RSS = the process's VmHWM):
 
-- taxiway: ``pipelines.preflight.overlap`` with 1 and 2 processes;
+- taxiway: ``pipelines.preflight.overlap`` with 1 and 2 worker processes;
 - datasketch: plain usage — one ``MinHash`` per document with ``update_batch`` of the shingle
   strings, ``MinHashLSH.insert``/``query``, candidates kept when ``MinHash.jaccard`` >= 0.8;
 - rensa: the same with ``RMinHash``/``RMinHashLSH`` (16 bands).
@@ -85,6 +85,7 @@ def run_taxiway(data: Path, workers: int) -> dict:
         f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
         f"preflight.num_perm={NUM_PERM}", f"preflight.shingle_words={SHINGLE}", f"preflight.overlap_jaccard={THRESHOLD}"])
     import datasketch  # noqa: F401  (imports outside the timed region, as for the others)
+    import fsspec  # noqa: F401
 
     t = time.perf_counter()
     result = check_overlap(cfg, workers=workers)
@@ -142,7 +143,7 @@ def run_hash(data: Path, workers: int) -> dict:
 
 def _peak_mib() -> float:
     """This process's peak RSS (VmHWM: unlike ru_maxrss it does not carry the parent's peak
-    over fork + exec); threads are included, no worker processes are used."""
+    over fork + exec); threads included, worker processes not (see ``child``)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
@@ -154,12 +155,17 @@ def child(method: str, data: str, workers: int) -> None:
           "rensa": lambda: run_rensa(Path(data)), "hash": lambda: run_hash(Path(data), workers)}[method]
     out = fn()
     out["peak_rss_mib"] = _peak_mib()
+    # the largest forked worker's peak (it counts the pages it still shares with this process)
+    out["worker_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps(out))
 
 
 def measure(method: str, data: Path, workers: int = 1) -> dict:
+    # No method uses BLAS; OpenBLAS's threads spin for ~0.1 s after numpy/scipy import and would
+    # take a core from the first 0.1 s of a timed run (the x1 runs last 0.2-1.6 s).
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, __file__, "--child", method, str(data), str(workers)],
-                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+                          capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -219,7 +225,9 @@ def main() -> None:
             for m, rs in runs.items():
                 sec = statistics.median(r["seconds"] for r in rs)
                 row[m] = {"median_s": round(sec, 3), "mb_per_s": round(row["mb"] / sec, 2),
-                          "peak_rss_mib": round(max(r["peak_rss_mib"] for r in rs), 1), "pairs": len(rs[0]["pairs"])}
+                          "peak_rss_mib": round(max(r["peak_rss_mib"] for r in rs), 1),
+                          "worker_peak_rss_mib": round(max(r["worker_peak_rss_mib"] for r in rs), 1),
+                          "pairs": len(rs[0]["pairs"])}
             t1 = row["taxiway:1"]["median_s"]
             row["speedup_vs_datasketch"] = round(row["datasketch"]["median_s"] / t1, 2)
             row["speedup_vs_rensa"] = round(row["rensa"]["median_s"] / t1, 2)
