@@ -154,12 +154,13 @@ def test_pack_round_trip_property(docs: list[str], seq_len: int, tmp_path: Path)
     """Any documents, any seq_len: the packed stream is exactly the encoded documents joined by
     EOS, minus a tail shorter than one window, and the boundary index marks every start."""
     from pipelines.tokenize.bpe import load
+    from pipelines.tokenize.engine import batch_encoder
     from pipelines.tokenize.groups import _encode
     from pipelines.tokenize.pack import SplitWriter
 
     tok = load(_tokenizer_file(), "<|endoftext|>")
     eos = tok.token_to_id("<|endoftext|>")
-    tokens, starts = _encode(docs, tok, eos, np.dtype(np.uint16))
+    tokens, starts = _encode(docs, batch_encoder(tok, _tokenizer_file()), eos, np.dtype(np.uint16))
     folder = tmp_path / f"p{seq_len}-{len(docs)}"
     writer = SplitWriter(folder, seq_len, np.dtype(np.uint16), shard_tokens=3 * (seq_len + 1))
     writer.add_stream(tokens[: starts[len(starts) // 2]] if len(starts) > 1 else tokens[:0], starts[: len(starts) // 2])
@@ -176,6 +177,38 @@ def test_pack_round_trip_property(docs: list[str], seq_len: int, tmp_path: Path)
         marked += (np.load(folder.parent / s["docs"]) + offset).tolist()
         offset += s["tokens"]
     assert marked == [int(x) for x in starts if x < len(stream)]
+
+
+@settings(max_examples=int(os.environ.get("TAXIWAY_HYPOTHESIS_EXAMPLES", "25")) * 8, deadline=None, derandomize=True)
+@given(texts=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)
+                      | st.lists(st.sampled_from(["'s", "'ll", " ", "  ", "\n", "\t", "<|endoftext|>", "a", "Z", "9",
+                                                  "é", "中", "🙂", "\u0301", "\u00a0", "_", "-", "."]),
+                                 max_size=60).map("".join), min_size=1, max_size=20))
+def test_fast_engine_gives_hfs_ids(texts: list[str]):
+    """tiktoken is used for a plain byte-level BPE only because it reproduces HF's ids exactly."""
+    from pipelines.tokenize.bpe import load
+    from pipelines.tokenize.engine import batch_encoder
+
+    tok = load(_tokenizer_file(), "<|endoftext|>")
+    encode = batch_encoder(tok, _tokenizer_file())
+    assert encode.__name__ == "tiktoken_bpe"
+    assert encode(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: Path):
+    from tokenizers import normalizers
+
+    from pipelines.tokenize.bpe import load
+    from pipelines.tokenize.engine import batch_encoder
+
+    tok = load(_tokenizer_file(), "<|endoftext|>")
+    tok.normalizer = normalizers.Lowercase()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    tok = load(tmp_path / "tokenizer.json", "<|endoftext|>")
+    encode = batch_encoder(tok, tmp_path / "tokenizer.json")
+    assert encode.__name__ == "hf_tokenizers"
+    assert encode(["Hello World"]) == [tok.encode("Hello World", add_special_tokens=False).ids]
+    assert encode(["Hello World"]) == encode(["hello world"])  # the normalizer ran: HF did the encoding
 
 
 _TOKENIZER: list[Path] = []

@@ -26,7 +26,7 @@ from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.paths import cache_dir
-from pipelines.tokenize import allocator, bpe
+from pipelines.tokenize import allocator, bpe, engine
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 
@@ -101,6 +101,7 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
 def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: str, dtype: np.dtype,
            groups: dict[str, list[list[FileRef]]], started: float) -> None:
     eos = tok.token_to_id(cfg.tokenizer.eos_token)
+    encode = engine.batch_encoder(tok, tok_path)
     (out / "tokenizer.json").write_bytes(Path(tok_path).read_bytes())
     np.save(out / "token_bytes.npy", bpe.token_bytes(tok))
     splits, chars, reused, doc_tokens = {}, 0, 0, {}
@@ -108,7 +109,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         writer = SplitWriter(out / split, cfg.pack.seq_len, dtype, cfg.pack.shard_tokens)
         lengths = []
         for group in split_groups_:
-            stream = tokenize_group(group, tok, tok_sha, eos, dtype, cfg.data.format, cache_dir())
+            stream = tokenize_group(group, encode, tok_sha, eos, dtype, cfg.data.format, cache_dir())
             writer.add_stream(stream.tokens, stream.starts)
             allocator.trim()
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
@@ -129,6 +130,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         "stats": {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9)),
                   "chars_per_token": round(chars / max(1, tokens), 3),
                   "groups": sum(len(g) for g in groups.values()), "groups_reused": reused,
+                  "encoder": encode.__name__,
                   "tokens_per_document": {s: {"mean": float(d.mean()) if len(d) else 0.0,
                                               "histogram": {"edges": edges.tolist(),
                                                             "counts": np.histogram(d, edges)[0].tolist()}}

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipelines import atomic, storage
 from pipelines.documents import read_documents
+from pipelines.tokenize.engine import Encode
 
 FORMAT_VERSION = 2  # 2: special-token text inside documents is encoded as text
 _SPREAD = 32          # about 32 files per group
@@ -56,8 +57,8 @@ def group_key(group: list[FileRef], tokenizer_sha256: str, data_format: str | No
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
 
 
-def _encode(texts: list[str], tok, eos: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    ids = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+def _encode(texts: list[str], encode: Encode, eos: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    ids = encode(texts)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) + 1
     ends = np.cumsum(lengths)
     out = np.full(int(ends[-1]) if len(ends) else 0, eos, dtype=dtype)
@@ -67,7 +68,7 @@ def _encode(texts: list[str], tok, eos: int, dtype: np.dtype) -> tuple[np.ndarra
     return out, ends - lengths
 
 
-def tokenize_group(group: list[FileRef], tok, tokenizer_sha256: str, eos: int, dtype: np.dtype,
+def tokenize_group(group: list[FileRef], encode: Encode, tokenizer_sha256: str, eos: int, dtype: np.dtype,
                    data_format: str | None, cache_root: Path) -> Stream:
     folder = cache_root / "tokens" / group_key(group, tokenizer_sha256, data_format, dtype)
     if (folder / "meta.json").is_file():
@@ -78,7 +79,7 @@ def tokenize_group(group: list[FileRef], tok, tokenizer_sha256: str, eos: int, d
 
     def flush() -> None:
         nonlocal offset, pending
-        tokens, doc_starts = _encode(batch, tok, eos, dtype)
+        tokens, doc_starts = _encode(batch, encode, eos, dtype)
         parts.append(tokens)
         starts.append(doc_starts + offset)
         offset += len(tokens)
