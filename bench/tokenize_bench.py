@@ -3,7 +3,8 @@ trained on the demo corpus's train split):
 
 - raw: ``Tokenizer.encode_batch`` over the texts already in memory (batches of 512), all cores;
 - taxiway: ``pipelines.tokenize.run`` end to end (read files, tokenize, pack windows, write shards),
-  cold cache, then warm (cache hit);
+  cold cache, then warm (cache hit); it encodes with ``pipelines.tokenize.engine`` (tiktoken, which
+  gives this tokenizer's ids exactly — tested — so every method produces the same ids);
 - megatron-style: ``multiprocessing.Pool(cores)`` calling ``tokenizer.encode`` per document and
   writing the ids to a binary file;
 - datasets: HF ``Dataset.map(batched=True, num_proc=cores)`` calling ``encode_batch``, ids written out.
