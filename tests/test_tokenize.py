@@ -211,6 +211,24 @@ def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: P
     assert encode(["Hello World"]) == encode(["hello world"])  # the normalizer ran: HF did the encoding
 
 
+def test_engine_refuses_what_tiktoken_could_not_reproduce():
+    """Each structural difference from a plain byte-level BPE keeps the HF engine (not a crash)."""
+    import copy
+
+    from pipelines.tokenize.engine import _not_plain
+
+    spec = json.loads(_tokenizer_file().read_text())
+    assert _not_plain(spec) is None
+    cases = {"has a normalizer": lambda s: s.update(normalizer={"type": "Lowercase"}),
+             "not byte-level": lambda s: s["model"]["vocab"].update({"€x": len(s["model"]["vocab"])}),
+             "merge order": lambda s: s["model"]["merges"].reverse(),
+             "single bytes": lambda s: s["model"]["vocab"].pop("Ġ")}
+    for needle, change in cases.items():
+        broken = copy.deepcopy(spec)
+        change(broken)
+        assert needle in (_not_plain(broken) or ""), needle
+
+
 _TOKENIZER: list[Path] = []
 
 

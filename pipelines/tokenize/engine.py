@@ -67,8 +67,11 @@ def _not_plain(spec: dict) -> str | None:
         if not ok:
             return why
     vocab, special = model["vocab"], {t["content"] for t in spec.get("added_tokens", [])}
-    if any(ch not in vocab for ch in _byte_level_alphabet()):
+    alphabet = _byte_level_alphabet()
+    if any(ch not in vocab for ch in alphabet):
         return "vocabulary lacks some single bytes"
+    if any(ch not in alphabet for t in vocab if t not in special for ch in t):
+        return "vocabulary has tokens that are not byte-level"
     merged, last = set(), -1
     for merge in model.get("merges", []):
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
