@@ -156,11 +156,9 @@ def registry_lock(c, key: str, timeout_s: float, lease_s: float = LEASE_S) -> It
                                       description="Taxiway champion lock; safe to delete when its lease ran out")
             break
         except MlflowException as exc:
-            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-                # the create collided, and the holder released before the store's own lookup
-                # for its "already exists" message: free again, so try again at once
-                continue
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            # DOES_NOT_EXIST: the create collided, and the holder released before the store's own
+            # lookup for its "already exists" message — held a moment ago, so wait like for a holder
+            if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
                 raise
         with contextlib.suppress(MlflowException):
             held = c.get_registered_model(key)
