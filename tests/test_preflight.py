@@ -229,7 +229,7 @@ def test_overlap_is_the_same_on_two_worker_processes(data: Path, monkeypatch: py
     from pipelines.preflight import overlap
     from pipelines.preflight.overlap import check_overlap
 
-    monkeypatch.setattr(overlap, "_BATCH_BYTES", 4000)  # many batches per split
+    monkeypatch.setattr(overlap, "BATCH_BYTES", 4000)  # many batches per split
     _plant(data, 60, "near.txt")
     _plant(data, 30, "nearer.txt")
     _relist(data)

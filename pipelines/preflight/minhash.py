@@ -5,8 +5,8 @@ the UTF-8 text, ASCII-lower-cased. Nothing is built per shingle or per word in P
 batch's bytes become one uint8 array; word boundaries come from byte-class comparisons; a
 word's hash mixes (MurmurHash3 finaliser) its first and last 8 bytes, gathered through an
 unaligned stride-1 uint64 view, with its length — exact for words up to 16 bytes; n consecutive
-word hashes combine into a shingle hash (shingles never cross a document boundary). The permutations are datasketch 2.0's "affine32" scheme
-(``a_k * h + b_k`` in uint32, wraparound as the modulus, ``a_k`` odd so each is a bijection),
+word hashes combine into a shingle hash (shingles never cross a document boundary). The
+permutations are datasketch 2.0's "affine32" scheme (``a_k * h + b_k`` in uint32, wraparound as the modulus, ``a_k`` odd so each is a bijection),
 computed as one (num_perm, shingles) matrix with per-document minima from ``np.minimum.reduceat``
 along the contiguous axis. Batches are independent: ``overlap`` signs them in parallel worker
 processes.
@@ -32,7 +32,9 @@ _U64 = np.uint64
 _MIX1, _MIX2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
 _ROLL = _U64(0x9E3779B97F4A7C15)
 _CHUNK_SHINGLES = 1 << 14      # columns per permutation matrix: 128 x 16384 x 4 B = 8 MiB, cache-sized
+BATCH_BYTES = 1 << 18          # text per numpy batch: bounds memory, and shares out evenly among workers
 FN_WEIGHT, FP_WEIGHT = 0.95, 0.05
+_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
 def _lower(arr: np.ndarray) -> np.ndarray:
@@ -45,7 +47,6 @@ def _lower(arr: np.ndarray) -> np.ndarray:
 def _word_bytes(lower: np.ndarray) -> np.ndarray:
     """Which lower-cased bytes belong to words: ``[a-z0-9_]`` and every non-ASCII byte."""
     return ((lower - 97) < 26) | ((lower - 48) < 10) | (lower >= 128) | (lower == 95)
-_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
 def _fmix64(h: np.ndarray) -> np.ndarray:
@@ -121,8 +122,9 @@ def size_groups(items: list[T], size: Callable[[T], int], limit: int) -> list[li
 
 def shingle_sets(texts: list[bytes], n: int) -> list[np.ndarray]:
     """Sorted distinct shingle hashes of each document (for exact Jaccard), by batches of
-    ~256 KiB: one sort of (document, hash) keys per batch instead of a ``np.unique`` per document."""
-    return [s for group in size_groups(texts, len, 1 << 18) for s in _shingle_sets(group, n)]
+    ``BATCH_BYTES``: one sort of (document, hash) keys per batch instead of a ``np.unique`` per
+    document."""
+    return [s for group in size_groups(texts, len, BATCH_BYTES) for s in _shingle_sets(group, n)]
 
 
 def _shingle_sets(texts: list[bytes], n: int) -> list[np.ndarray]:
@@ -138,8 +140,8 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     """datasketch's ``_optimal_param`` (same weights, same (b, r) order, same tie-break), with
     its ~1400 ``scipy.integrate.quad`` calls replaced by one Gauss-Legendre rule over every (b, r)
     at once: ``1 - (1 - s^r)^b`` is a polynomial of degree b*r <= num_perm, which num_perm/2 + 1
-    nodes integrate exactly. 4 ms instead of 26 ms at 128 permutations, which is a tenth of the
-    whole overlap check on the demo corpus."""
+    nodes integrate exactly. The search runs once per check, before any batch is signed, so its
+    time is serial time for every worker count."""
     b = np.concatenate([np.full(num_perm // k, k) for k in range(1, num_perm + 1)])
     r = np.concatenate([np.arange(1, num_perm // k + 1) for k in range(1, num_perm + 1)])
     nodes, weights = np.polynomial.legendre.leggauss(num_perm // 2 + 1)
@@ -149,8 +151,9 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
         s = (hi - lo) / 2 * nodes + (hi + lo) / 2
         return 1 - (1 - s[None, :] ** r[:, None]) ** b[:, None]
 
-    false_pos = (candidate(0.0, threshold) * weights).sum(axis=1) * threshold / 2  # no BLAS: its
-    false_neg = ((1 - candidate(threshold, 1.0)) * weights).sum(axis=1) * (1 - threshold) / 2  # threads spin
+    # elementwise sums rather than a matrix product: BLAS would start threads that keep spinning
+    false_pos = (candidate(0.0, threshold) * weights).sum(axis=1) * threshold / 2
+    false_neg = ((1 - candidate(threshold, 1.0)) * weights).sum(axis=1) * (1 - threshold) / 2
     best = int(np.argmin(false_pos * FP_WEIGHT + false_neg * FN_WEIGHT))
     return int(b[best]), int(r[best])
 
@@ -182,8 +185,8 @@ _LOCAL = threading.local()
 
 
 def _buffer(num_perm: int) -> np.ndarray:
-    """One permutation matrix per thread, reused: allocating 8 MiB per chunk means fresh pages
-    (page faults, unmaps) every time. Kept outside ``MinHasher`` so that it pickles small."""
+    """One permutation matrix per thread (so per worker process), reused across batches and
+    hashers: allocating 8 MiB per chunk means fresh pages (page faults, unmaps) every time."""
     buf = getattr(_LOCAL, "buf", None)
     if buf is None or buf.shape[0] != num_perm:
         buf = _LOCAL.buf = np.empty((num_perm, _CHUNK_SHINGLES), dtype=np.uint32)

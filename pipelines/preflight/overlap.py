@@ -23,11 +23,10 @@ from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import Record, file_format, records, split_files
 from pipelines.preflight.forked import split_map
-from pipelines.preflight.minhash import MinHasher, jaccard, lsh_params, shingle_sets, size_groups
+from pipelines.preflight.minhash import BATCH_BYTES, MinHasher, jaccard, lsh_params, shingle_sets, size_groups
 from pipelines.preflight.report import CheckResult
 
 _PREFILTER = 0.1                 # confirm candidates with estimated J >= threshold - this (~3 sigma at 128 perms)
-_BATCH_BYTES = 1 << 18           # bytes per batch: small enough to keep the workers evenly busy on 10 MB
 _EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
 
 
@@ -143,14 +142,13 @@ class TrainIndex:
 
 def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tuple[TrainIndex, Signed]:
     """Sign train and val batches on ``workers`` processes (``forked.split_map``; processes, not
-    threads: two threads of one process slowed each other down — their summed batch time grew by
-    half — through page faults and unmaps of numpy temporaries in the shared address space). The
-    main process indexes each train batch as it comes; insertion order does not matter to the
-    index."""
+    threads: in development profiling two threads of one process slowed each other's numpy work,
+    most likely through page faults and unmaps in the shared address space). The main process
+    indexes each train batch as it comes; insertion order does not matter to the index."""
     p = cfg.preflight
     hasher = MinHasher(p.num_perm, p.shingle_words)
-    train_batches = size_groups(split_files(cfg.data.train), storage.size, _BATCH_BYTES)
-    val_batches = size_groups(split_files(cfg.data.val), storage.size, _BATCH_BYTES)
+    train_batches = size_groups(split_files(cfg.data.train), storage.size, BATCH_BYTES)
+    val_batches = size_groups(split_files(cfg.data.val), storage.size, BATCH_BYTES)
     index = TrainIndex(cfg)
     sign = partial(_sign_batch, fmt=cfg.data.format, hasher=hasher, root=root, bands=index.bands, rows=index.rows)
     val_signed: dict[int, Signed] = {}
