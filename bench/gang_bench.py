@@ -84,7 +84,7 @@ def stall_case(cfg, packed: Path, run_dir: Path, stall_timeout: float) -> dict:
     from pipelines.launch.watch import Watch
 
     handle = launch(cfg, packed, run_dir)
-    watch = Watch(str(handle.path), stall_timeout, 600, time.time() + 3600)
+    watch = Watch(str(handle.path), handle.gang_id, stall_timeout, 600, time.time() + 3600)
     watch.check()
     for pid in local.processes(handle.gang_id, rank=1):
         os.kill(pid, signal.SIGSTOP)

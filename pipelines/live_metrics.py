@@ -46,6 +46,25 @@ def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str,
     return [json.loads(line) for line in complete.splitlines() if line.strip()], start + len(complete)
 
 
+def last_record(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
+    """The newest complete line of ``metrics.jsonl`` with a loss ({} when there is none)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - tail_bytes))
+        lines = fh.read().split(b"\n")
+    for line in reversed(lines[1:] if size > tail_bytes else lines):  # a cut first line, a torn last one: skipped
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("loss") is not None:
+            return record
+    return {}
+
+
 def to_metrics(records: list[dict[str, Any]]) -> list:
     """MLflow ``Metric``s at the trainer's own UTC timestamps and steps."""
     from mlflow.entities import Metric

@@ -167,6 +167,11 @@ def progress_line(run_dir: Path, elapsed_s: float) -> str | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     step, total = s.get("step") or 0, s.get("total_steps") or 0
+    if s.get("loss") is None or s.get("tokens_per_s") is None:  # a relaunch that logged no step yet
+        from pipelines.live_metrics import last_record
+
+        last = last_record(run_dir)
+        s = {**s, "loss": s.get("loss") or last.get("loss"), "tokens_per_s": s.get("tokens_per_s") or last.get("tokens_per_s")}
     eta = f"{elapsed_s / step * (total - step):.0f}s" if step else "?"
     return (f"{s.get('state')} step {step}/{total} loss {s.get('loss')} "
             f"tokens/s {s.get('tokens_per_s')} eta {eta}")

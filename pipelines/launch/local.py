@@ -28,6 +28,9 @@ from trainer.fsio import utc_now
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
 MARKER = "TAXIWAY_GANG"
+GRACE_ENV = "TAXIWAY_CANCEL_GRACE_S"  # read by each node: SIGKILL the gang this long after a cancel
+UNWATCHED_ENV = "TAXIWAY_UNWATCHED_S"  # read by each node: cancel itself when no watcher polled this long
+LEASE_ENV = "TAXIWAY_LEASE"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,26 @@ def handle_path(run_dir: Path) -> Path:
     return run_dir / "train" / "gang.json"
 
 
+def lease_path(run_dir: Path) -> Path:
+    """Touched by every ``poll``: its age tells the nodes how long nobody has watched the gang.
+    Its text says who watches: ``handoff`` while one watcher hands the gang to the next (an Airflow
+    task deferring to its trigger), ``watched`` otherwise."""
+    return run_dir / "train" / "gang.lease"
+
+
+HANDOFF, WATCHED = "handoff", "watched"
+
+
+def hand_over(handle: Handle) -> None:
+    """The current watcher is leaving; the next must ``take_over`` within half the cancel grace, or
+    the nodes cancel themselves (a cancel landing in between would otherwise reach nobody)."""
+    atomic.write_text(lease_path(handle.path.parent.parent), HANDOFF)
+
+
+def take_over(handle: Handle) -> None:
+    atomic.write_text(lease_path(handle.path.parent.parent), WATCHED)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,14 +113,17 @@ def submit(spec: LaunchSpec) -> Handle:
     attempt = 1
     if path.exists():
         previous = Handle.load(path)
-        cleanup(previous)
+        cleanup(previous, spec.cancel_grace_s)  # a canceled gang may still be saving its checkpoint
         attempt = previous.attempt + 1
     gang_id = f"{spec.run_dir.name}-{attempt}-{os.getpid()}-{time.time_ns()}"
     attempt_dir = spec.run_dir / "train" / "logs" / f"attempt-{attempt}"
     attempt_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, **spec.env, MARKER: gang_id, "OMP_NUM_THREADS": str(spec.threads_per_proc),
-           "PYTHONUNBUFFERED": "1", "TAXIWAY_GANG_ATTEMPT": str(attempt)}
+           "PYTHONUNBUFFERED": "1", "TAXIWAY_GANG_ATTEMPT": str(attempt),
+           GRACE_ENV: str(spec.cancel_grace_s),
+           UNWATCHED_ENV: str(spec.unwatched_timeout_s), LEASE_ENV: str(lease_path(spec.run_dir))}
+    atomic.write_text(lease_path(spec.run_dir), WATCHED)
     nodes = []
     for rank in range(spec.nodes):
         log, exit_file = attempt_dir / f"node-{rank}.log", attempt_dir / f"node-{rank}.exit.json"
@@ -130,7 +156,12 @@ def _node_state(node: Node) -> tuple[str, int | None]:
 
 
 def poll(handle: Handle) -> GangState:
-    """Succeeded when every node exited 0; failed as soon as one node failed or vanished."""
+    """Succeeded when every node exited 0; failed as soon as one node failed or vanished.
+    Renews the watch lease: a gang that nobody polls stops itself (``compute.unwatched_timeout_s``)."""
+    try:
+        lease_path(handle.path.parent.parent).touch()
+    except FileNotFoundError:  # the run folder is gone
+        pass
     states = [(n, *_node_state(n)) for n in handle.nodes]
     for node, state, code in states:
         if state == "lost":
@@ -159,6 +190,13 @@ def processes(gang_id: str, rank: int | None = None) -> list[int]:
     return found
 
 
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:
@@ -167,14 +205,35 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
+def _cancel_marker(handle: Handle) -> Path:
+    return handle.path.with_name("gang.canceled")
+
+
+def canceled(handle: Handle) -> bool:
+    """This gang was canceled (it may still be saving its checkpoint): never re-attach to it."""
+    try:
+        return _cancel_marker(handle).read_text() == handle.gang_id
+    except FileNotFoundError:
+        return False
+
+
 def cancel(handle: Handle) -> None:
-    """SIGTERM every node: torchrun forwards it, the trainer saves a checkpoint and exits 143."""
-    for node in handle.nodes:
-        if _node_state(node)[0] == "running":
+    """SIGTERM every node's process group and every process of the gang, then SIGCONT them (a
+    stopped process cannot act on SIGTERM). The trainer saves a checkpoint and exits 143; each
+    node SIGKILLs what is left of the gang after ``cancel_grace_s``, so the caller may go away.
+    Once per gang: the trigger and a relaunching retry may both cancel it."""
+    if canceled(handle):  # signaled already: a second SIGTERM would cut short torchrun's own
+        return            # shutdown (it dies of it, -15)
+    atomic.write_text(_cancel_marker(handle), handle.gang_id)
+    groups = [n.pid for n in handle.nodes if _node_state(n)[0] == "running"]
+    members = [p for p in processes(handle.gang_id) if _group(p) not in groups]  # workers: own sessions
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for pgid in groups:
             try:
-                os.killpg(node.pid, signal.SIGTERM)
+                os.killpg(pgid, sig)
             except ProcessLookupError:
                 pass
+        _signal_all(members, sig)
 
 
 def cleanup(handle: Handle, grace_s: float = 30.0) -> int:
@@ -183,7 +242,6 @@ def cleanup(handle: Handle, grace_s: float = 30.0) -> int:
     Returns how many processes had to be killed. Afterwards no process of the gang remains.
     """
     cancel(handle)
-    _signal_all([p for p in processes(handle.gang_id) if p not in {n.pid for n in handle.nodes}], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while (left := processes(handle.gang_id)) and time.monotonic() < deadline:
         time.sleep(0.2)

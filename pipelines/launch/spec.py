@@ -18,6 +18,8 @@ class LaunchSpec:
     procs_per_node: int
     threads_per_proc: int
     timeout_s: int
+    cancel_grace_s: float = 30.0  # SIGTERM → SIGKILL window of every node process
+    unwatched_timeout_s: float = 600.0  # no watcher polled this long: the gang cancels itself
     env: dict[str, str] = field(default_factory=dict)
 
     def trainer_args(self) -> list[str]:
@@ -48,5 +50,6 @@ def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec
     c = cfg.compute
     return LaunchSpec(run_dir=run_dir, trainer_spec=trainer_spec, nodes=c.nodes,
                       procs_per_node=c.procs_per_node, threads_per_proc=c.threads_per_proc,
-                      timeout_s=c.timeout_s)
+                      timeout_s=c.timeout_s, cancel_grace_s=c.cancel_grace_s,
+                      unwatched_timeout_s=c.unwatched_timeout_s)
 

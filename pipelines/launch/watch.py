@@ -41,6 +41,7 @@ class Watch:
     """Progress clock of one gang attempt: the last (state, step) seen and when it last moved."""
 
     gang_json: str
+    gang_id: str                     # the attempt this watch belongs to (gang.json is rewritten per attempt)
     stall_timeout_s: float
     startup_timeout_s: float
     deadline: float                  # epoch seconds: compute.timeout_s after the gang started

@@ -3,11 +3,13 @@
 - Launch identity lives in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``): a worker
   that dies while the gang runs comes back as a retry that re-attaches to the same gang instead
   of starting a second one.
-- Waiting is deferred to ``GangTrigger``; it wakes the task every ``report_every_s`` to log
-  progress and ship new ``metrics.jsonl`` lines to MLflow, then defers again.
+- The task confirms the launch (first heartbeat), then defers to ``GangTrigger`` until the gang
+  ends; the trigger logs progress and ships new ``metrics.jsonl`` lines to MLflow meanwhile.
 - A failed node or a stall fails the attempt after the whole gang is cleaned up; the task's
   retries relaunch it and the trainer resumes from its newest valid checkpoint.
-- Failing or clearing the task cancels the gang (SIGTERM → checkpoint → ``canceled``).
+- Any user action on the task or run (mark failed/success, clear, delete) cancels the gang
+  (SIGTERM → checkpoint → ``canceled``): ``GangTrigger.on_kill`` while deferred, ``on_kill`` while
+  running; each node SIGKILLs its gang's leftovers after ``compute.cancel_grace_s``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     template_fields = ("run",)
     external_id_key = "taxiway_gang"
     ui_color = "#f0e4ff"
+    launch_confirm_s = 60.0  # wait here for the gang's first sign of life before deferring
 
     def __init__(self, *, run: Any, poll_s: float = 2.0, report_every_s: float = 30.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -51,12 +54,11 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> str:
         from pipelines import stages
 
-        run_dir = _run_dir(self.run)
-        cfg = stages.load_run_config(run_dir)
+        cfg = self._config()
         if cfg.compute.launcher != "local":
             raise AirflowFailException(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                                        "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
-        handle = stages.launch_gang(cfg, run_dir)
+        handle = stages.launch_gang(cfg, _run_dir(self.run))
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
                  Path(handle.nodes[0].log).parent)
@@ -66,7 +68,12 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         from pipelines.launch import local
 
         path = Path(external_id)
-        return local.poll(local.Handle.load(path)).state if path.exists() else local.FAILED
+        if not path.exists():
+            return local.FAILED
+        handle = local.Handle.load(path)
+        if local.canceled(handle):  # a clear canceled it: launch afresh (submit waits for it to stop)
+            return "canceled"
+        return local.poll(handle).state
 
     def is_job_active(self, status: str) -> bool:
         return status == "running"
@@ -75,77 +82,106 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         return status == "succeeded"
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
+        """Confirm the launch here (a gang that dies at start fails this try at once), then defer:
+        the trigger watches the gang until it ends, so a cancel always finds one of the two."""
         from pipelines.launch import local
-        from pipelines.launch.watch import Watch
+        from pipelines.launch.watch import Watch, read_status
 
         handle = local.Handle.load(Path(external_id))
         cfg = self._config()
         started = datetime.fromisoformat(handle.started_at).timestamp()
-        self._defer(Watch(str(handle.path), cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s,
-                          started + cfg.compute.timeout_s).as_dict())
+        deadline = time.monotonic() + self.launch_confirm_s
+
+        def started_up() -> bool:
+            heartbeat = read_status(_run_dir(self.run)).get("heartbeat_at")
+            return bool(heartbeat) and datetime.fromisoformat(heartbeat).timestamp() >= started
+
+        while local.poll(handle).state == local.RUNNING and time.monotonic() < deadline and not started_up():
+            self._cancel_unless_running(context, handle)
+            time.sleep(0.5)
+        self._cancel_unless_running(context, handle)  # the last word before handing over to the trigger
+        local.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
+        watch = Watch(str(handle.path), handle.gang_id, cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s,
+                      started + cfg.compute.timeout_s)
+        self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, self.report_every_s, cfg.compute.cancel_grace_s,
+                                       context["run_id"]),
+                   method_name="execute_complete")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
         from pipelines import stages
 
-        run_dir = _run_dir(self.run)
-        self._ship_metrics(context, external_id)
-        model_dir = stages.finish_train(run_dir)
+        self._report(external_id, context)
+        model_dir = stages.finish_train(_run_dir(self.run))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
-    # Deferral loop -----------------------------------------------------------------------------
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """The trigger fires once, when the gang has ended; anything but success was already stopped."""
+        from pipelines.launch import local
+
+        gang_json = event["watch"]["gang_json"]
+        if event["state"] == local.SUCCEEDED:
+            return self.get_job_result(gang_json, context)
+        self._report(gang_json, context)
+        handle = local.Handle.load(Path(gang_json))
+        if local.canceled(handle):
+            # Canceled, yet this try is alive: an earlier try's trigger canceled it after this try had
+            # re-attached (a clear lands in both at once). Carry on as the clear meant: relaunch.
+            log.info("gang %s was canceled by an earlier try of this task; relaunching from its newest "
+                     "checkpoint", handle.gang_id)
+            external_id = self.submit_job(context)
+            if store := context.get("task_state_store"):
+                store.set(self.external_id_key, external_id)
+            return self.poll_until_complete(external_id, context)
+        attempt = handle.attempt
+        log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
+                  attempt, event["state"], event["detail"])
+        if event["state"] == "timed_out":
+            raise AirflowFailException(event["detail"])
+        raise AirflowException(f"training gang {event['state']}: {event['detail']}")
+
+    @staticmethod
+    def _cancel_unless_running(context: Any, handle: Any) -> None:
+        """A user acted on this try (its state is no longer ``running``) before the supervisor's
+        SIGTERM arrived: cancel the gang here, since once deferred nobody would."""
+        from pipelines.launch import local
+
+        ti = context["ti"]
+        try:
+            states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+        except Exception as exc:  # no answer is no reason to cancel a gang
+            log.warning("could not read this task's state: %s", exc)
+            return
+        state = states.get(ti.run_id, {}).get(ti.task_id)
+        if state != "running":
+            local.cancel(handle)
+            raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
+
     def _config(self):
         from pipelines import stages
 
         return stages.load_run_config(_run_dir(self.run))
 
-    def _defer(self, watch: dict[str, Any]) -> None:
-        cfg = self._config()
-        self.defer(trigger=GangTrigger(watch, self.poll_s, self.report_every_s, cfg.compute.cancel_grace_s),
-                   method_name="execute_complete")
+    def _report(self, gang_json: str, context: Any) -> None:
+        """Progress line and new metrics to MLflow; never fails the task over it."""
+        from taxiway_airflow.progress import report
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        from pipelines import stages
-        from pipelines.launch import local
-
-        run_dir = _run_dir(self.run)
-        watch = event["watch"]
-        handle = local.Handle.load(Path(watch["gang_json"]))
-        elapsed = time.time() - datetime.fromisoformat(handle.started_at).timestamp()
-        if line := stages.progress_line(run_dir, elapsed):
-            log.info("attempt %d: %s", handle.attempt, line)
-        self._ship_metrics(context, watch["gang_json"])
-        state = event["state"]
-        if state == local.RUNNING:
-            return self._defer(watch)
-        if state == local.SUCCEEDED:
-            return self.get_job_result(watch["gang_json"], context)
-        killed = local.cleanup(handle, self._config().compute.cancel_grace_s)
-        log.error("gang attempt %d %s: %s (processes killed at cleanup: %d); a retry resumes from the newest "
-                  "valid checkpoint", handle.attempt, state, event["detail"], killed)
-        if state == "timed_out":
-            raise AirflowFailException(event["detail"])
-        raise AirflowException(f"training gang {state}: {event['detail']}")
-
-    def _ship_metrics(self, context: Any, gang_json: str) -> None:
-        """New metrics lines and the restart count to the MLflow run; never fails the task over it."""
-        from pipelines import live_metrics
-        from pipelines.launch import local
-
-        run_dir = _run_dir(self.run)
         try:
-            restarts = local.Handle.load(Path(gang_json)).attempt - 1
-            live_metrics.ship(self._config(), run_dir, context["run_id"], restarts=restarts)
+            if line := report(gang_json, context["run_id"]):
+                log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)
 
     def on_kill(self) -> None:
-        """Killed while the worker held it (not deferred): stop the gang the same way the trigger does."""
+        """Killed while the worker held it (not deferred): cancel the gang. The worker gets a few
+        seconds before SIGKILL, so this only signals; each node enforces the grace period itself."""
         from pipelines.launch import local
 
         path = local.handle_path(_run_dir(self.run))
         if path.exists():
-            local.cleanup(local.Handle.load(path), self._config().compute.cancel_grace_s)
+            handle = local.Handle.load(path)
+            local.cancel(handle)
+            log.info("canceled gang %s: SIGTERM sent", handle.gang_id)
 
 
 class CheckpointSensor(BaseSensorOperator):

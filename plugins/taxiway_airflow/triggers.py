@@ -1,7 +1,11 @@
 """Trigger that watches a training gang from the triggerer, so waiting holds no worker slot.
 
-It fires when the gang ends (succeeded, failed, stalled, timed out) or every ``report_every_s``
-so the operator can ship new metrics to MLflow and log progress before deferring again.
+It stays deferred for the gang's whole life and fires once, when the gang has ended
+(succeeded, failed, stalled, timed out). Progress lines and new metrics go out from here every
+``report_every_s``. Waking the task between reports would open a window in which the task is
+neither deferred nor running: a cancel landing there (mark failed, clear) reaches neither
+``on_kill``, and the gang would train on unwatched. For the same reason a stalled or timed-out
+gang is stopped here, before the event fires.
 """
 
 from __future__ import annotations
@@ -9,42 +13,69 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
 class GangTrigger(BaseTrigger):
-    def __init__(self, watch: dict[str, Any], poll_s: float, report_every_s: float, cancel_grace_s: float) -> None:
+    def __init__(self, watch: dict[str, Any], poll_s: float, report_every_s: float, cancel_grace_s: float,
+                 run_id: str) -> None:
         super().__init__()
         self.watch = watch
         self.poll_s = poll_s
         self.report_every_s = report_every_s
         self.cancel_grace_s = cancel_grace_s
+        self.run_id = run_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"watch": self.watch, "poll_s": self.poll_s, "report_every_s": self.report_every_s,
-                 "cancel_grace_s": self.cancel_grace_s})
+                 "cancel_grace_s": self.cancel_grace_s, "run_id": self.run_id})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from pipelines.launch import local
         from pipelines.launch.watch import Watch
 
         watch = Watch(**self.watch)
-        started = time.monotonic()
+        await asyncio.to_thread(local.take_over, local.Handle.load(Path(watch.gang_json)))
+        reported = time.monotonic()
         while True:
             result = await asyncio.to_thread(watch.check)
-            if result["state"] != local.RUNNING or time.monotonic() - started >= self.report_every_s:
-                yield TriggerEvent(result)
-                return
+            if result["state"] != local.RUNNING:
+                break
+            if time.monotonic() - reported >= self.report_every_s:
+                reported = time.monotonic()
+                await self._report()
             await asyncio.sleep(self.poll_s)
+        if result["state"] != local.SUCCEEDED:
+            handle = local.Handle.load(Path(watch.gang_json))
+            killed = await asyncio.to_thread(local.cleanup, handle, self.cancel_grace_s)
+            result["detail"] += f" (processes killed at cleanup: {killed})"
+        await self._report()
+        yield TriggerEvent(result)
+
+    async def _report(self) -> None:
+        """Log one progress line and ship new metrics lines to MLflow; never fails the watch."""
+        from taxiway_airflow.progress import report
+
+        try:
+            line = await asyncio.to_thread(report, self.watch["gang_json"], self.run_id)
+        except Exception as exc:  # tracking server away: the lines stay unshipped and go next time
+            self.log.warning("could not report progress yet: %s", exc)
+            return
+        if line:
+            self.log.info("%s", line)
 
     async def on_kill(self) -> None:
-        """The user failed or cleared the waiting task: SIGTERM → checkpoint → ``canceled``, then nothing left."""
-        from pathlib import Path
-
+        """Airflow 3.3's triggerer calls this when a user acted on the deferred task (mark failed or
+        success, clear, delete the run), not when the triggerer itself stops: cancel this gang."""
         from pipelines.launch import local
 
         handle = local.Handle.load(Path(self.watch["gang_json"]))
-        await asyncio.to_thread(local.cleanup, handle, self.cancel_grace_s)
+        if handle.gang_id != self.watch["gang_id"]:  # a newer try already replaced it: not ours to stop
+            return
+        await asyncio.to_thread(local.cancel, handle)
+        self.log.info("canceled gang %s: SIGTERM sent; its nodes SIGKILL what is left after %gs",
+                      handle.gang_id, self.cancel_grace_s)
