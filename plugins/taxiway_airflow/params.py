@@ -17,9 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import SECTIONS, load_config, section_schemas
+from pipelines.config import SECTIONS, ConfigError, load_config, section_schemas, suggest
+from pipelines.roots import Roots
 
 REPO = Path(__file__).resolve().parents[2]
+CONF_KEYS = ("config", "set", *SECTIONS)
 _MISSING = object()
 
 
@@ -33,12 +35,19 @@ def form_defaults(config_path: str) -> dict[str, Any]:
 
 
 def _form_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``anyOf`` of plain types → a type list, which the trigger form renders as one field."""
+    """``anyOf`` of plain types → a type list, which the trigger form renders as one field; closed
+    objects list their field names (``propertyNames``) instead of ``additionalProperties: false``,
+    so Airflow's refusal of a typo quotes that list rather than the whole section's schema."""
     schema = copy.deepcopy(schema)
     variants = schema.get("anyOf")
     if variants and all(set(v) == {"type"} for v in variants):
         schema.pop("anyOf")
         schema["type"] = [v["type"] for v in variants]
+    if schema.get("additionalProperties") is False and "properties" in schema:
+        schema.pop("additionalProperties")
+        schema["propertyNames"] = {"enum": list(schema["properties"])}
+    for key, sub in schema.get("properties", {}).items():
+        schema["properties"][key] = _form_schema(sub)
     return schema
 
 
@@ -49,8 +58,10 @@ def build_params() -> dict[str, Any]:
     defaults = form_defaults(path)
     schemas = section_schemas()
     params: dict[str, Any] = {
-        "config": Param(path, type="string", title="Config file",
-                        description="YAML run config; the sections below overlay it"),
+        "config": Param(path, type="string", pattern=r"\.ya?ml$", title="Config file",
+                        examples=Roots.from_env().config_files(),
+                        description="YAML run config from this deployment's config roots (pick one or type a path "
+                                    "inside them); the sections below overlay it"),
         "set": Param([], type="array", items={"type": "string"}, title="Overrides",
                      description="key.path=value overrides applied last, e.g. train.lr=3e-4"),
     }
@@ -69,6 +80,29 @@ def changed_leaves(value: Any, default: Any) -> Any:
                 out[key] = diff
         return out or _MISSING
     return _MISSING if value == default else value
+
+
+def check_conf(conf: dict[str, Any]) -> None:
+    """Refuse what the params cannot: unknown top-level keys (Airflow accepts any) and ``${VAR}``
+    references, which would read the worker's environment into the config and its logs."""
+    errors = {str(k): "not a conf key" + suggest(str(k), CONF_KEYS) + f"; expected one of {', '.join(CONF_KEYS)}"
+              for k in conf if k not in CONF_KEYS}
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(sub, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, sub in enumerate(value):
+                walk(sub, f"{where}[{i}]")
+        elif isinstance(value, str) and "${" in value:
+            errors[where] = "environment references (${...}) are not allowed in a trigger's conf"
+
+    for key in CONF_KEYS[1:]:
+        if key in conf:
+            walk(conf[key], key)
+    if errors:
+        raise ConfigError(errors, "conf")
 
 
 def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,12 @@ def _run_dir(run: dict[str, Any]) -> Path:
     return Path(run["run_dir"])
 
 
+def _field(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 @task(retries=0)
 def resolve_config() -> dict[str, Any]:
     """Config file + conf overlay + ``set`` → validated RunConfig in ``<run>/config.yaml``.
@@ -28,14 +34,18 @@ def resolve_config() -> dict[str, Any]:
     """
     from pipelines import paths, stages
     from pipelines.config import ConfigError, load_config
-    from taxiway_airflow.params import default_config_path, overrides_from_conf
+    from pipelines.roots import DATA_FIELDS, OutOfBounds, Roots
+    from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
 
     ctx = get_current_context()
     conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
+    roots = Roots.from_env()
     try:
-        cfg = load_config(conf.get("config") or default_config_path(), list(conf.get("set") or []),
-                          overrides_from_conf(conf))
-    except ConfigError as exc:
+        check_conf(conf)
+        path = roots.config_file(conf.get("config") or default_config_path())
+        cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
+        roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    except (ConfigError, OutOfBounds) as exc:
         raise AirflowFailException(str(exc)) from None
     run_dir = paths.run_dir(ctx["run_id"])
     stages.prepare(cfg, run_dir)
