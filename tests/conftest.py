@@ -59,3 +59,21 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"taxiway {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def live_airflow(tmp_path_factory):
+    """A live Airflow on loopback (tests/live_airflow.py) with the tiny config's corpus, DAG unpaused."""
+    from live_airflow import LiveAirflow
+
+    from pipelines.demo_data import write_demo_data
+
+    live = LiveAirflow(tmp_path_factory.mktemp("live"), extra_env={"TAXIWAY_CONFIG": str(TINY)})
+    write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
+    live.start()
+    try:
+        live.wait_dag("taxiway_train")
+        live.unpause("taxiway_train")
+        yield live
+    finally:
+        live.stop()

@@ -1,0 +1,192 @@
+"""A live Airflow for tests: api-server, scheduler, dag-processor and triggerer as real processes.
+
+Triggers run in the triggerer, tasks in LocalExecutor workers, REST calls go over loopback with a
+JWT from the simple auth manager: what a user meets, unlike ``dag.test()`` (triggers inline).
+Each ``LiveAirflow`` owns its AIRFLOW_HOME, TAXIWAY_HOME and ports, and stops every process it
+started by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+TERMINAL = {"success", "failed"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if value := probe():
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(every_s)
+
+
+class LiveAirflow:
+    """Start with ``start()``, stop with ``stop()``; ``api`` is an authenticated REST client."""
+
+    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.home = root / "airflow"
+        self.taxiway_home = root / "taxiway"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.password = secrets.token_urlsafe(12)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.api: httpx.Client | None = None
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.home),
+            "TAXIWAY_HOME": str(self.taxiway_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "8",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        self.env.pop("MLFLOW_TRACKING_URI", None)
+
+    # lifecycle ---------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 240) -> LiveAirflow:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.taxiway_home.mkdir(parents=True, exist_ok=True)
+        (self.home / "passwords.json").write_text(json.dumps({"admin": self.password}))
+        migrate = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=self.env, capture_output=True,
+                                 text=True, timeout=300)
+        if migrate.returncode:
+            raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}")
+        for name in COMPONENTS:
+            log = open(self.log_path(name), "ab")  # noqa: SIM115 - the child owns it
+            self.procs[name] = subprocess.Popen([str(BIN / "airflow"), name], env=self.env, stdout=log,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, cwd=self.root, preexec_fn=_die_with_parent)
+            log.close()
+        wait_for("the api-server", self._healthy, timeout_s, every_s=1)
+        self.api = httpx.Client(base_url=self.url, timeout=30,
+                                headers={"Authorization": f"Bearer {self.token()}"})
+        return self
+
+    def stop(self, grace_s: float = 20) -> None:
+        """SIGTERM every component's process group, SIGKILL what is left after ``grace_s``."""
+        if self.api is not None:
+            self.api.close()
+        for proc in self.procs.values():
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def log_path(self, component: str) -> Path:
+        return self.root / f"{component}.log"
+
+    def _healthy(self) -> bool:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"airflow {name} exited with {proc.returncode}:\n"
+                                   f"{self.log_path(name).read_text(errors='replace')[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def token(self) -> str:
+        resp = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+        resp.raise_for_status()
+        return resp.json()["access_token"]
+
+    # REST helpers ------------------------------------------------------------------------------
+    def wait_dag(self, dag_id: str, timeout_s: float = 120) -> dict[str, Any]:
+        def probe():
+            resp = self.api.get(f"/api/v2/dags/{dag_id}")
+            return resp.json() if resp.status_code == 200 else None
+
+        return wait_for(f"DAG {dag_id} to be parsed", probe, timeout_s, every_s=1)
+
+    def unpause(self, dag_id: str) -> None:
+        self.api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> httpx.Response:
+        return self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+        resp.raise_for_status()
+        return resp.json()
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        resp.raise_for_status()
+        return {ti["task_id"]: ti for ti in resp.json()["task_instances"]}
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+        resp.raise_for_status()
+        return resp.json()
+
+    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 600) -> dict[str, Any]:
+        def probe():
+            run = self.dag_run(dag_id, run_id)
+            return run if run["state"] in TERMINAL else None
+
+        return wait_for(f"run {run_id} to finish", probe, timeout_s, every_s=2)
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+                            headers={"Accept": "text/plain"})
+        resp.raise_for_status()
+        return resp.text
+
+
+def _die_with_parent() -> None:
+    """A test process killed outright (timeout, ^C) must not leave an Airflow running: PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,202 @@
+"""Cancel stops the training gang, whichever way the user cancels and whenever it lands — against a
+live api-server + scheduler + dag-processor + triggerer, where the deferred task's trigger runs in the
+triggerer (``dag.test()`` would run it inline and hide the windows between the two).
+
+Ways: mark the run failed or success, mark the gang task failed or success, clear it (deleting a
+running run is refused by Airflow). Each lands once while the task is deferred (the trigger holds the gang) and once while it is running
+(the worker holds it: the test freezes the task process right after it launched the gang, cancels,
+then lets it go on). After each: the gang's processes are gone within ``compute.cancel_grace_s``,
+every node exited with the trainer's cancel code, and the newest valid checkpoint is at least the
+step the gang had reached. Run-level cancels are undone by clearing the task, so one run serves many.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from live_airflow import wait_for
+
+from pipelines.launch import local
+from pipelines.paths import safe_run_id
+from trainer import checkpoint
+
+DAG = "taxiway_train"
+GANG = "train.gang"
+GRACE_S = 20
+CONF = {"train": {"steps": 100000}, "checkpoint": {"every_steps": 5}, "compute": {"cancel_grace_s": GRACE_S}}
+
+
+def _handle(run_dir: Path) -> local.Handle | None:
+    try:
+        return local.Handle.load(local.handle_path(run_dir))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _new_gang(run_dir: Path, old: str | None, timeout_s: float = 180) -> local.Handle:
+    return wait_for("a new gang", lambda: (h := _handle(run_dir)) and h.gang_id != old and h, timeout_s, every_s=0.02)
+
+
+def _stepping(run_dir: Path, handle: local.Handle, min_step: int) -> int:
+    """Wait until this gang's own status says running at ``min_step`` or later; returns the step."""
+    started = datetime.fromisoformat(handle.started_at).timestamp()
+
+    def probe():
+        try:
+            s = json.loads((run_dir / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        fresh = s.get("heartbeat_at") and datetime.fromisoformat(s["heartbeat_at"]).timestamp() >= started
+        assert local.poll(handle).state == local.RUNNING, local.poll(handle).detail
+        return fresh and s["state"] == "running" and s["step"] >= min_step and s["step"]
+
+    return wait_for(f"gang {handle.gang_id} to reach step {min_step}", probe, 120, every_s=0.2)
+
+
+def _task_process(ti_id: str) -> int:
+    """The task runner of this try: Airflow titles it ``airflow worker -- <ti id>``."""
+    def probe():
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and f"airflow worker -- {ti_id}".encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return None
+
+    return wait_for(f"the task process of {ti_id}", probe, 10, every_s=0.01)
+
+
+class Scenario:
+    """One DAG run whose gang is launched, canceled and relaunched again and again."""
+
+    def __init__(self, live, run_id: str) -> None:
+        self.live, self.run_id = live, run_id
+        self.run_dir = live.taxiway_home / "runs" / safe_run_id(run_id)
+        self.gang_id: str | None = None
+
+    def ti(self) -> dict:
+        return self.live.task_instance(DAG, self.run_id, GANG)
+
+    def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:
+        """Wait for the next launch; for ``running`` freeze the task process before it defers."""
+        handle = _new_gang(self.run_dir, self.gang_id)
+        self.gang_id = handle.gang_id
+        frozen = None
+        if phase == "running":
+            frozen = _task_process(self.ti()["id"])
+            os.kill(frozen, signal.SIGSTOP)
+            assert self.ti()["state"] == "running"
+            step = _stepping(self.run_dir, handle, 2)
+        else:
+            step = _stepping(self.run_dir, handle, 2)
+            wait_for("the gang task to defer", lambda: self.ti()["state"] == "deferred", 60)
+        return handle, step, frozen
+
+    def assert_stopped(self, handle: local.Handle, step: int, way: str, phase: str) -> None:
+        """Gone within the grace; 1.5 × grace when the cancel landed after the task deferred but before
+        the triggerer ran the trigger (no on_kill exists yet: the nodes' handoff lease stops them)."""
+        wait_for(f"gang {handle.gang_id} to stop after '{way}' while {phase}",
+                 lambda: not local.processes(handle.gang_id), 1.5 * GRACE_S + 10, every_s=0.2)
+        codes = {json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes}
+        assert codes <= {143, 1}, (way, phase, codes)  # the trainer's cancel code, as torchrun passes it on
+        newest = checkpoint.latest_valid(self.run_dir / "checkpoints")
+        assert newest is not None and int(newest.name.split("-")[1]) >= step, (way, phase, newest, step)
+
+    # the ways -------------------------------------------------------------------------------------
+    def cancel(self, way: str) -> None:
+        api, base = self.live.api, f"/api/v2/dags/{DAG}/dagRuns/{self.run_id}"
+        if way in ("run failed", "run success"):
+            resp = api.patch(base, json={"state": way.split()[1]})
+        elif way in ("task failed", "task success"):
+            resp = api.patch(f"{base}/taskInstances/{GANG}", json={"new_state": way.split()[1]})
+        elif way == "clear":
+            resp = self.clear()
+        else:
+            raise ValueError(way)
+        assert resp.status_code < 300, (way, resp.status_code, resp.text)
+
+    def clear(self):
+        """Clear the gang task and what follows it, and put the run back to running."""
+        return self.live.api.post(f"/api/v2/dags/{DAG}/clearTaskInstances", json={
+            "dry_run": False, "dag_run_id": self.run_id, "task_ids": [GANG], "include_downstream": True,
+            "only_failed": False, "reset_dag_runs": True})
+
+
+def _trigger(live) -> Scenario:
+    resp = live.trigger(DAG, CONF)
+    assert resp.status_code == 200, resp.text
+    return Scenario(live, resp.json()["dag_run_id"])
+
+
+def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 40) -> None:
+    """For longer than the trigger's 30 s report interval, the gang task never leaves ``deferred``:
+    a task woken for each report passes through scheduled/queued, where a cancel reaches neither
+    the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
+    handle = _new_gang(scenario.run_dir, scenario.gang_id)
+    _stepping(scenario.run_dir, handle, 2)
+    wait_for("the gang task to defer", lambda: scenario.ti()["state"] == "deferred", 60)
+    start, t0 = _stepping(scenario.run_dir, handle, 2), time.monotonic()
+    while time.monotonic() - t0 < watch_s:
+        state = scenario.ti()["state"]
+        assert state == "deferred", f"gang task left 'deferred' for '{state}' while its gang trains"
+        time.sleep(0.25)
+    assert _stepping(scenario.run_dir, handle, start + 1) > start
+    trigger_log = next((scenario.live.home / "logs").glob(f"dag_id={DAG}/run_id={scenario.run_id}/task_id={GANG}/"
+                                                         "attempt=1.log.trigger.*.log")).read_text()
+    assert re.search(r"attempt 1: running step \d+/100000 loss [0-9.]+ tokens/s [0-9.]+", trigger_log), trigger_log
+
+
+@pytest.mark.live
+def test_every_cancel_stops_the_gang(live_airflow):
+    """5 ways × 2 moments, and twice more after a refused delete: 12 cancels on two runs, each one
+    stops its gang. Deleting a running run is refused by Airflow 3.3 itself (HTTP 409), so it can
+    never leave a gang behind; the test checks that refusal too, in both moments."""
+    live = live_airflow
+    done = []
+
+    def cancel_and_check(scenario: Scenario, way: str, phase: str) -> None:
+        handle, step, frozen = scenario.next_gang(phase)
+        scenario.cancel(way)
+        if frozen:
+            os.kill(frozen, signal.SIGCONT)
+        scenario.assert_stopped(handle, step, way, phase)
+        done.append((way, phase))
+
+    def delete_is_refused(scenario: Scenario, phase: str) -> None:
+        handle, _, frozen = scenario.next_gang(phase)
+        resp = live.api.delete(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}")
+        assert resp.status_code == 409 and "running state" in resp.text, (resp.status_code, resp.text)
+        if frozen:
+            os.kill(frozen, signal.SIGCONT)
+        assert local.poll(handle).state == local.RUNNING and not local.canceled(handle)
+        scenario.gang_id = None  # the same gang serves the next cancel
+        cancel_and_check(scenario, "run failed", "deferred")
+
+    first = _trigger(live)
+    _stays_deferred_while_training(first)
+    for phase in ("deferred", "running"):
+        for way in ("task failed", "task success", "clear", "run failed", "run success"):
+            if (way, phase) == ("clear", "running"):
+                continue  # below, on a fresh run: Airflow retries a task cleared while running after
+                #           its retry delay, which grows with the try number (exponential backoff)
+            cancel_and_check(first, way, phase)
+            if way != "clear":  # clear relaunches by itself; the others are undone by a clear
+                resp = first.clear()
+                assert resp.status_code < 300, resp.text
+    delete_is_refused(first, "deferred")
+
+    second = _trigger(live)
+    cancel_and_check(second, "clear", "running")
+    delete_is_refused(second, "running")
+    assert len(done) == 12
+    assert {way for way, phase in done if phase == "running"} == {"task failed", "task success", "clear",
+                                                                  "run failed", "run success"}
+    assert not local.processes(second.gang_id)
