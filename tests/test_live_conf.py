@@ -1,0 +1,117 @@
+"""What a user meets when triggering ``taxiway_train`` over REST on a live Airflow: conf mistakes and
+out-of-bounds paths are refused with one readable line, before any stage and without echoing a file;
+the README's REST example works verbatim; short runs under CPU load succeed on their first try."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from live_airflow import wait_for
+
+from conftest import REPO
+
+DAG = "taxiway_train"
+SECRET = "s3cr3t-hash-do-not-echo"
+
+
+def _log(live, run_id: str, task_id: str, attempt: int = 1) -> str:
+    """The task's log file as the worker wrote it (JSON lines; messages are what we look for)."""
+    paths = list((live.home / "logs").glob(f"dag_id={DAG}/run_id={run_id}/task_id={task_id}/attempt={attempt}.log"))
+    assert paths, f"no log for {task_id} of {run_id}"
+    return paths[0].read_text(errors="replace")
+
+
+@pytest.mark.live
+def test_trigger_time_refusals_are_short_and_name_the_field(live_airflow):
+    for conf, field in [({"train": {"stepz": 5}}, "stepz"), ({"train": {"lr": -1}}, "lr"),
+                        ({"config": "/etc/shadow"}, "config")]:
+        resp = live_airflow.trigger(DAG, conf)
+        assert resp.status_code == 400, (conf, resp.status_code, resp.text)
+        detail = resp.json()["detail"]
+        assert field in detail and len(detail) < 1200, (conf, len(detail), detail)
+
+
+@pytest.mark.live
+def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_airflow, tmp_path: Path):
+    live = live_airflow
+    evil = tmp_path / "evil.yaml"  # a readable YAML on the worker that is no config: never echoed
+    evil.write_text(f"root:{SECRET}:19000:0:99999:7:::\nname: x\n")
+    linked = tmp_path / "linked.yaml"
+    linked.write_text(f"extends: {evil}\nname: y\n")
+    escape = "configs/" + os.path.relpath(evil, REPO / "configs")
+    cases = {
+        "typo": ({"trian": {"lr": 0.1}}, "trian: not a conf key (did you mean 'train'?)"),
+        "missing": ({"config": "configs/missing.yaml"}, "no such file in the config roots"),
+        "outside": ({"config": str(evil)}, "outside the config roots"),
+        "dotdot": ({"config": escape}, "outside the config roots"),
+        "extends": ({"config": str(linked)}, "outside the config roots"),
+        "data": ({"data": {"train": "/etc"}}, "data.train: '/etc' is outside the data roots"),
+        "env": ({"data": {"train": "${AIRFLOW__API_AUTH__JWT_SECRET}"}}, "data.train: environment references"),
+    }
+    runs = {}
+    for name, (conf, _) in cases.items():
+        resp = live.trigger(DAG, conf)
+        assert resp.status_code == 200, (name, resp.text)
+        runs[name] = resp.json()["dag_run_id"]
+    for name, run_id in runs.items():
+        assert live.wait_run(DAG, run_id, timeout_s=300)["state"] == "failed", name
+        tis = live.task_instances(DAG, run_id)
+        assert tis["resolve_config"]["state"] == "failed" and tis["resolve_config"]["try_number"] == 1, name
+        assert {ti["state"] for k, ti in tis.items() if k != "resolve_config"} == {"upstream_failed"}, name
+        log = _log(live, run_id, "resolve_config")
+        assert cases[name][1] in log, (name, log[-2000:])
+        assert SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log, name
+
+
+def _readme_rest_example() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    example = [b for b in blocks if "/api/v2/dags/taxiway_train/dagRuns" in b]
+    assert len(example) == 1, "the README should hold one REST example"
+    return example[0]
+
+
+@pytest.mark.live
+def test_readme_rest_example_works_verbatim_on_a_paused_dag(live_airflow):
+    """A fresh install's DAG is paused (a run created then stays queued for ever); the README's
+    commands unpause it, and the run they create gets going (its first task succeeds)."""
+    live = live_airflow
+    live.api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": True}).raise_for_status()
+    before = {r["dag_run_id"] for r in live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"limit": 200}).json()["dag_runs"]}
+    env = {**os.environ, "AIRFLOW_URL": live.url, "AIRFLOW_PASSWORD": live.password,
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", _readme_rest_example()], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    after = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"limit": 200}).json()["dag_runs"]
+    new = [r["dag_run_id"] for r in after if r["dag_run_id"] not in before]
+    assert len(new) == 1, out.stdout
+    wait_for("the README's run to start", lambda: live.task_instances(DAG, new[0]).get("resolve_config", {})
+             .get("state") == "success", 120, every_s=1)
+    live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{new[0]}", json={"state": "failed"}).raise_for_status()
+
+
+@pytest.mark.live
+def test_short_runs_under_cpu_load_succeed_on_their_first_try(live_airflow):
+    """Two CPU-bound processes take the machine's cores; five tiny runs, one after another, still pass
+    every task on its first try (no stall, startup or sensor timeout misfires)."""
+    live = live_airflow
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for i in range(5):
+            resp = live.trigger(DAG, {"train": {"seed": 100 + i}})
+            assert resp.status_code == 200, resp.text
+            run_id = resp.json()["dag_run_id"]
+            run = live.wait_run(DAG, run_id, timeout_s=600)
+            tis = live.task_instances(DAG, run_id)
+            tries = {k: (ti["state"], ti["try_number"]) for k, ti in tis.items()}
+            assert run["state"] == "success" and set(tries.values()) == {("success", 1)}, (run_id, tries)
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
