@@ -306,6 +306,8 @@ class ComputeConfig(Section):
                           "rendezvous, loading the checkpoint) before it counts as stalled")
     cancel_grace_s: PositiveInt = Field(
         120, description="After SIGTERM, how long nodes get to save a checkpoint before SIGKILL")
+    report_every_s: PositiveInt = Field(
+        30, description="How often the waiting training sensor logs progress and ships new metrics to MLflow")
     unwatched_timeout_s: Annotated[int, Field(ge=30)] = Field(
         600, description="Local gangs: nobody watched the gang for this long (the Airflow task and its trigger "
                          "both gone) = checkpoint and stop instead of training on unwatched")

@@ -103,7 +103,8 @@ class LiveAirflow:
         return self
 
     def stop(self, grace_s: float = 20) -> None:
-        """SIGTERM every component's process group, SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every component's process group, SIGKILL what is left after ``grace_s``; then stop
+        any training gang of this home that a failed test left behind."""
         if self.api is not None:
             self.api.close()
         for proc in self.procs.values():
@@ -116,6 +117,10 @@ class LiveAirflow:
                 pass
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        from pipelines.launch import local
+
+        for gang_json in self.taxiway_home.glob("runs/*/train/gang.json"):
+            local.cleanup(local.Handle.load(gang_json), grace_s=5)
 
     def log_path(self, component: str) -> Path:
         return self.root / f"{component}.log"

@@ -4,6 +4,7 @@ real torch.distributed gang over loopback, real MLflow (SQLite)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
 
 
-def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp_path: Path, capsys):
+def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{home}{os.pathsep}{tmp_path}")  # a deployment's second data root
     data = tmp_path / "data"
     shutil.copytree(home / "demo-data", data)
     victim = sorted((data / "val").iterdir())[0]

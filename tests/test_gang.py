@@ -124,6 +124,16 @@ class _Store:
         self.data[key] = value
 
 
+class _RunningTI:
+    """Stand-in for the task instance's ``get_task_states`` (a call to the API server): this try runs."""
+
+    dag_id, task_id, run_id = "taxiway_train", "train.gang", "manual__reattach"
+    stats_tags: dict = {}  # read by ResumableJobMixin (team name in multi-team deployments)
+
+    def get_task_states(self, dag_id, task_ids, run_ids, **_):
+        return {run_id: {task_id: "running" for task_id in task_ids} for run_id in run_ids}
+
+
 def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed, tmp_path: Path):
     from airflow.sdk.exceptions import TaskDeferred
 
@@ -137,7 +147,7 @@ def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed,
 
     atomic.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
     store = _Store()
-    context = {"task_state_store": store, "run_id": "manual__reattach"}
+    context = {"task_state_store": store, "run_id": "manual__reattach", "ti": _RunningTI()}
     first = TrainGang(task_id="gang", run={"run_dir": str(run_dir)})
     with pytest.raises(TaskDeferred):
         first.execute(context)

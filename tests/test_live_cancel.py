@@ -30,7 +30,9 @@ from trainer import checkpoint
 DAG = "taxiway_train"
 GANG = "train.gang"
 GRACE_S = 20
-CONF = {"train": {"steps": 100000}, "checkpoint": {"every_steps": 5}, "compute": {"cancel_grace_s": GRACE_S}}
+REPORT_S = 5
+CONF = {"train": {"steps": 100000}, "checkpoint": {"every_steps": 5},
+        "compute": {"cancel_grace_s": GRACE_S, "report_every_s": REPORT_S}}
 
 
 def _handle(run_dir: Path) -> local.Handle | None:
@@ -136,8 +138,8 @@ def _trigger(live) -> Scenario:
     return Scenario(live, resp.json()["dag_run_id"])
 
 
-def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 40) -> None:
-    """For longer than the trigger's 30 s report interval, the gang task never leaves ``deferred``:
+def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 2.5 * REPORT_S) -> None:
+    """Across two of the trigger's report intervals, the gang task never leaves ``deferred``:
     a task woken for each report passes through scheduled/queued, where a cancel reaches neither
     the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
     handle = _new_gang(scenario.run_dir, scenario.gang_id)
@@ -149,9 +151,54 @@ def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 40) -> N
         assert state == "deferred", f"gang task left 'deferred' for '{state}' while its gang trains"
         time.sleep(0.25)
     assert _stepping(scenario.run_dir, handle, start + 1) > start
-    trigger_log = next((scenario.live.home / "logs").glob(f"dag_id={DAG}/run_id={scenario.run_id}/task_id={GANG}/"
-                                                         "attempt=1.log.trigger.*.log")).read_text()
-    assert re.search(r"attempt 1: running step \d+/100000 loss [0-9.]+ tokens/s [0-9.]+", trigger_log), trigger_log
+
+    def progress_reported() -> bool:  # the trigger's reports (its first one imports MLflow: may lag)
+        logs = (scenario.live.home / "logs").glob(f"dag_id={DAG}/run_id={scenario.run_id}/task_id={GANG}/"
+                                                  "attempt=1.log.trigger.*.log")
+        return any(re.search(r"attempt 1: running step \d+/100000 loss [0-9.]+ tokens/s [0-9.]+", p.read_text())
+                   for p in logs)
+
+    wait_for("a progress line from the trigger", progress_reported, 60, every_s=1)
+
+
+def _cancel_and_check(scenario: Scenario, way: str, phase: str, done: list) -> None:
+    handle, step, frozen = scenario.next_gang(phase)
+    scenario.cancel(way)
+    if frozen:
+        os.kill(frozen, signal.SIGCONT)
+    scenario.assert_stopped(handle, step, way, phase)
+    done.append((way, phase))
+
+
+def _delete_is_refused(scenario: Scenario, phase: str, done: list) -> None:
+    """Airflow 3.3 refuses to delete a running run (409): the gang trains on, untouched; then a
+    'run failed' stops it."""
+    handle, _, frozen = scenario.next_gang(phase)
+    resp = scenario.live.api.delete(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}")
+    assert resp.status_code == 409 and "running state" in resp.text, (resp.status_code, resp.text)
+    if frozen:
+        os.kill(frozen, signal.SIGCONT)
+    assert local.poll(handle).state == local.RUNNING and not local.cancel_reason(handle)
+    scenario.gang_id = None  # the same gang serves the next cancel
+    _cancel_and_check(scenario, "run failed", "deferred", done)
+
+
+def _every_cancel(scenarios: list[Scenario], done: list) -> None:
+    first = scenarios[0]
+    _stays_deferred_while_training(first)
+    for phase in ("deferred", "running"):
+        for way in ("task failed", "task success", "clear", "run failed", "run success"):
+            if (way, phase) == ("clear", "running"):
+                continue  # below, on a fresh run: Airflow retries a task cleared while running after
+                #           its retry delay, which grows with the try number (exponential backoff)
+            _cancel_and_check(first, way, phase, done)
+            if way != "clear":  # clear relaunches by itself; the others are undone by a clear
+                resp = first.clear()
+                assert resp.status_code < 300, resp.text
+    _delete_is_refused(first, "deferred", done)
+    scenarios.append(second := _trigger(first.live))
+    _cancel_and_check(second, "clear", "running", done)
+    _delete_is_refused(second, "running", done)
 
 
 @pytest.mark.live
@@ -159,44 +206,14 @@ def test_every_cancel_stops_the_gang(live_airflow):
     """5 ways × 2 moments, and twice more after a refused delete: 12 cancels on two runs, each one
     stops its gang. Deleting a running run is refused by Airflow 3.3 itself (HTTP 409), so it can
     never leave a gang behind; the test checks that refusal too, in both moments."""
-    live = live_airflow
-    done = []
-
-    def cancel_and_check(scenario: Scenario, way: str, phase: str) -> None:
-        handle, step, frozen = scenario.next_gang(phase)
-        scenario.cancel(way)
-        if frozen:
-            os.kill(frozen, signal.SIGCONT)
-        scenario.assert_stopped(handle, step, way, phase)
-        done.append((way, phase))
-
-    def delete_is_refused(scenario: Scenario, phase: str) -> None:
-        handle, _, frozen = scenario.next_gang(phase)
-        resp = live.api.delete(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}")
-        assert resp.status_code == 409 and "running state" in resp.text, (resp.status_code, resp.text)
-        if frozen:
-            os.kill(frozen, signal.SIGCONT)
-        assert local.poll(handle).state == local.RUNNING and not local.canceled(handle)
-        scenario.gang_id = None  # the same gang serves the next cancel
-        cancel_and_check(scenario, "run failed", "deferred")
-
-    first = _trigger(live)
-    _stays_deferred_while_training(first)
-    for phase in ("deferred", "running"):
-        for way in ("task failed", "task success", "clear", "run failed", "run success"):
-            if (way, phase) == ("clear", "running"):
-                continue  # below, on a fresh run: Airflow retries a task cleared while running after
-                #           its retry delay, which grows with the try number (exponential backoff)
-            cancel_and_check(first, way, phase)
-            if way != "clear":  # clear relaunches by itself; the others are undone by a clear
-                resp = first.clear()
-                assert resp.status_code < 300, resp.text
-    delete_is_refused(first, "deferred")
-
-    second = _trigger(live)
-    cancel_and_check(second, "clear", "running")
-    delete_is_refused(second, "running")
+    done: list = []
+    scenarios = [_trigger(live_airflow)]
+    try:
+        _every_cancel(scenarios, done)
+    finally:  # whatever failed, no gang of this test trains on under the session's Airflow
+        for scenario in scenarios:
+            live_airflow.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}", json={"state": "failed"})
     assert len(done) == 12
     assert {way for way, phase in done if phase == "running"} == {"task failed", "task success", "clear",
                                                                   "run failed", "run success"}
-    assert not local.processes(second.gang_id)
+    assert not local.processes(scenarios[1].gang_id)

@@ -205,26 +205,32 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
+USER, CLEANUP = "user", "cleanup"  # why a gang was canceled: a user's action, or cleanup after it ended
+
+
 def _cancel_marker(handle: Handle) -> Path:
     return handle.path.with_name("gang.canceled")
 
 
-def canceled(handle: Handle) -> bool:
-    """This gang was canceled (it may still be saving its checkpoint): never re-attach to it."""
+def cancel_reason(handle: Handle) -> str | None:
+    """Why this gang was canceled (``USER`` or ``CLEANUP``; None when it was not): a gang a user
+    canceled may still be saving its checkpoint, and is never re-attached to."""
     try:
-        return _cancel_marker(handle).read_text() == handle.gang_id
+        gang_id, _, why = _cancel_marker(handle).read_text().partition("\n")
     except FileNotFoundError:
-        return False
+        return None
+    return why if gang_id == handle.gang_id else None
 
 
-def cancel(handle: Handle) -> None:
+def cancel(handle: Handle, why: str = CLEANUP) -> None:
     """SIGTERM every node's process group and every process of the gang, then SIGCONT them (a
     stopped process cannot act on SIGTERM). The trainer saves a checkpoint and exits 143; each
     node SIGKILLs what is left of the gang after ``cancel_grace_s``, so the caller may go away.
-    Once per gang: the trigger and a relaunching retry may both cancel it."""
-    if canceled(handle):  # signaled already: a second SIGTERM would cut short torchrun's own
-        return            # shutdown (it dies of it, -15)
-    atomic.write_text(_cancel_marker(handle), handle.gang_id)
+    Once per gang: the trigger and a relaunching retry may both cancel it, and a second SIGTERM
+    would cut short torchrun's own shutdown (it dies of it, -15)."""
+    if cancel_reason(handle):
+        return
+    atomic.write_text(_cancel_marker(handle), f"{handle.gang_id}\n{why}")
     groups = [n.pid for n in handle.nodes if _node_state(n)[0] == "running"]
     members = [p for p in processes(handle.gang_id) if _group(p) not in groups]  # workers: own sessions
     for sig in (signal.SIGTERM, signal.SIGCONT):

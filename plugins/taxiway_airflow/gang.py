@@ -41,11 +41,10 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     ui_color = "#f0e4ff"
     launch_confirm_s = 60.0  # wait here for the gang's first sign of life before deferring
 
-    def __init__(self, *, run: Any, poll_s: float = 2.0, report_every_s: float = 30.0, **kwargs: Any) -> None:
+    def __init__(self, *, run: Any, poll_s: float = 2.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run = run
         self.poll_s = poll_s
-        self.report_every_s = report_every_s
 
     # ResumableJobMixin: submit / status / reconnect -------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -71,7 +70,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         if not path.exists():
             return local.FAILED
         handle = local.Handle.load(path)
-        if local.canceled(handle):  # a clear canceled it: launch afresh (submit waits for it to stop)
+        if local.cancel_reason(handle) == local.USER:  # a clear canceled it: launch afresh (submit waits)
             return "canceled"
         return local.poll(handle).state
 
@@ -103,7 +102,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         local.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
         watch = Watch(str(handle.path), handle.gang_id, cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s,
                       started + cfg.compute.timeout_s)
-        self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, self.report_every_s, cfg.compute.cancel_grace_s,
+        self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
                                        context["run_id"]),
                    method_name="execute_complete")
 
@@ -124,7 +123,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return self.get_job_result(gang_json, context)
         self._report(gang_json, context)
         handle = local.Handle.load(Path(gang_json))
-        if local.canceled(handle):
+        if local.cancel_reason(handle) == local.USER:
             # Canceled, yet this try is alive: an earlier try's trigger canceled it after this try had
             # re-attached (a clear lands in both at once). Carry on as the clear meant: relaunch.
             log.info("gang %s was canceled by an earlier try of this task; relaunching from its newest "
@@ -154,7 +153,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return
         state = states.get(ti.run_id, {}).get(ti.task_id)
         if state != "running":
-            local.cancel(handle)
+            local.cancel(handle, local.USER)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
     def _config(self):
@@ -180,7 +179,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         path = local.handle_path(_run_dir(self.run))
         if path.exists():
             handle = local.Handle.load(path)
-            local.cancel(handle)
+            local.cancel(handle, local.USER)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)
 
 

@@ -76,6 +76,6 @@ class GangTrigger(BaseTrigger):
         handle = local.Handle.load(Path(self.watch["gang_json"]))
         if handle.gang_id != self.watch["gang_id"]:  # a newer try already replaced it: not ours to stop
             return
-        await asyncio.to_thread(local.cancel, handle)
+        await asyncio.to_thread(local.cancel, handle, local.USER)
         self.log.info("canceled gang %s: SIGTERM sent; its nodes SIGKILL what is left after %gs",
                       handle.gang_id, self.cancel_grace_s)
