@@ -61,6 +61,12 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     return proc
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+    """Live-Airflow tests last: their session's Airflow then never idles beside the other tests
+    (its scheduler and DAG processor would load the machine under timing-sensitive trainer tests)."""
+    items.sort(key=lambda item: item.get_closest_marker("live") is not None)
+
+
 @pytest.fixture(scope="session")
 def live_airflow(tmp_path_factory):
     """A live Airflow on loopback (tests/live_airflow.py) with the tiny config's corpus, DAG unpaused."""

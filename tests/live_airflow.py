@@ -76,6 +76,7 @@ class LiveAirflow:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",  # the DAG file does not change here
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "PYTHONUNBUFFERED": "1",
             **(extra_env or {}),
