@@ -153,7 +153,14 @@ class LiveAirflow:
         self.api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
 
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> httpx.Response:
-        return self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        """Create a run; on SQLite metadata the api-server answers 500 "Database error" while the
+        scheduler holds the write lock, so that answer is retried (a 400 is the conf's own)."""
+        for _ in range(5):
+            resp = self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+            if resp.status_code != 500 or "Database error" not in resp.text:
+                return resp
+            time.sleep(1)
+        return resp
 
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")

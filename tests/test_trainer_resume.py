@@ -18,9 +18,15 @@ def corpus(tmp_path_factory):
     yield from make_corpus(tmp_path_factory)
 
 
-def _kill_when_held(handle: local.Handle, marker: Path) -> None:
-    """SIGKILL every process of the gang (supervisors, torchrun agents, trainers) once rank 0 holds."""
+def _kill_when_held(handle: local.Handle, marker: Path, committed: str | None = None) -> None:
+    """SIGKILL every process of the gang (supervisors, torchrun agents, trainers) once rank 0 holds
+    (and, with ``committed``, once the background writer has committed that checkpoint: the hold
+    stops the training loop, not the writer, which may lag on a busy machine)."""
     wait_for(marker.exists, 120, f"{marker.name}: {local.poll(handle).detail}", poll_s=0.02)
+    if committed:
+        checkpoints = marker.parent.parent / "checkpoints"
+        wait_for(lambda: (c := checkpoint.latest_valid(checkpoints)) is not None and c.name == committed, 60,
+                 f"{committed} to be committed")
     kill9(local.processes(handle.gang_id))
     wait_for(lambda: local.poll(handle).state != local.RUNNING, 30, "the killed gang to be seen as gone")
     local.cleanup(handle, grace_s=5)
@@ -42,7 +48,8 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: 
     reference = submit_gang(cfg, packed, ref)  # runs alongside the killed attempts
 
     # 1: between checkpoints (rank 0 stops after step 6; step 4 is the newest checkpoint)
-    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:6"), run / "train" / "held-step-6")
+    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:6"), run / "train" / "held-step-6",
+                    committed="step-00000004")
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
     # 2: in the middle of writing step 8 (model.pt written, optim.pt and checksums.json not yet)
@@ -52,7 +59,8 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: 
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
     # 3: after two more checkpoints of the third attempt (which threw the torn folder away)
-    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:14"), run / "train" / "held-step-14")
+    _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="step:14"), run / "train" / "held-step-14",
+                    committed="step-00000012")
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000012"
 
     finish_gang(submit_gang(cfg, packed, run))
