@@ -34,14 +34,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5,
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and what ``explain``
+    says about the state it was stuck in) after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         if value := probe():
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
+                                 + (f"\n{explain()}" if explain else ""))
         time.sleep(every_s)
 
 

@@ -87,6 +87,18 @@ class Scenario:
     def ti(self) -> dict:
         return self.live.task_instance(DAG, self.run_id, GANG)
 
+    def deferred(self) -> bool:
+        """True once the gang task is deferred; a try that ended instead fails at once with its log."""
+        state = self.ti()["state"]
+        if state in ("failed", "success", "up_for_retry", "skipped", "upstream_failed"):
+            raise AssertionError(f"expected the gang task to defer; {self.explain()}")
+        return state == "deferred"
+
+    def explain(self) -> str:
+        ti = self.ti()
+        log = self.live.task_log(DAG, self.run_id, GANG, ti["try_number"])
+        return f"gang task is {ti['state']} (try {ti['try_number']}); its log ends:\n{log[-4000:]}"
+
     def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:
         """Wait for the next launch; for ``running`` freeze the task process before it defers."""
         handle = _new_gang(self.run_dir, self.gang_id)
@@ -99,7 +111,7 @@ class Scenario:
             step = _stepping(self.run_dir, handle, 2)
         else:
             step = _stepping(self.run_dir, handle, 2)
-            wait_for("the gang task to defer", lambda: self.ti()["state"] == "deferred", 60)
+            wait_for("the gang task to defer", self.deferred, 180, explain=self.explain)
         return handle, step, frozen
 
     def assert_stopped(self, handle: local.Handle, step: int, way: str, phase: str) -> None:
@@ -144,7 +156,7 @@ def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 2.5 * RE
     the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
     handle = _new_gang(scenario.run_dir, scenario.gang_id)
     _stepping(scenario.run_dir, handle, 2)
-    wait_for("the gang task to defer", lambda: scenario.ti()["state"] == "deferred", 60)
+    wait_for("the gang task to defer", scenario.deferred, 180, explain=scenario.explain)
     start, t0 = _stepping(scenario.run_dir, handle, 2), time.monotonic()
     while time.monotonic() - t0 < watch_s:
         state = scenario.ti()["state"]
@@ -210,7 +222,12 @@ def test_every_cancel_stops_the_gang(live_airflow):
     scenarios = [_trigger(live_airflow)]
     try:
         _every_cancel(scenarios, done)
-    finally:  # whatever failed, no gang of this test trains on under the session's Airflow
+    except BaseException:  # whatever failed, no gang of this test trains on beside the next tests
+        for scenario in scenarios:
+            if handle := _handle(scenario.run_dir):
+                local.cleanup(handle, grace_s=5)
+        raise
+    finally:
         for scenario in scenarios:
             live_airflow.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}", json={"state": "failed"})
     assert len(done) == 12

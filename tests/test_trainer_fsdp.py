@@ -67,3 +67,31 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
 
     assert status(bf16)["state"] == "succeeded" and events(bf16, "training_started")[0]["bf16"] is True
     assert all(r["loss"] is not None for r in read_jsonl(bf16 / "metrics.jsonl"))
+
+
+def test_fsdp_snapshot_shares_no_tensor_with_live_training(tmp_path: Path):
+    """The async writer serializes the snapshot while training goes on: a tensor still shared with
+    the live model or optimizer (FSDP returns Adam's ``step`` counters as they are) would be written
+    with a later step's value, and the resume would not be bitwise."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from trainer import parallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        fully_shard(model)
+        optim = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 4)).sum().backward()
+        optim.step()
+        model_state, optim_state, fresh = parallel.full_state(model, optim, "fsdp")
+        before = {k: {n: t.clone() for n, t in s.items()} for k, s in optim_state["state"].items()}
+        weights = {k: t.clone() for k, t in model_state.items()}
+        model(torch.randn(2, 4)).sum().backward()
+        optim.step()
+        assert fresh
+        assert all(torch.equal(t, before[k][n]) for k, s in optim_state["state"].items() for n, t in s.items())
+        assert all(torch.equal(t, weights[k]) for k, t in model_state.items())
+    finally:
+        dist.destroy_process_group()

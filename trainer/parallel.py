@@ -100,13 +100,40 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer, kind: str) -> tup
     """(model state, optimizer state keyed by parameter name, fresh).
 
     FSDP gathers to rank 0 (a collective: every rank must call this; other ranks get ``{}``) into
-    new CPU tensors, so ``fresh`` is true. Otherwise the tensors are the live ones and must be
-    copied before training touches them again.
+    new CPU tensors, except what it need not gather (Adam's ``step`` counters, buffers, any tensor
+    of a one-shard group), which comes back live: those are cloned here, so ``fresh`` is true.
+    Otherwise the tensors are the live ones and must be copied before training touches them again.
     """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return (full_model_state(model, kind), get_optimizer_state_dict(model, optim, options=_options(kind)),
-            kind == "fsdp")
+    state = (full_model_state(model, kind), get_optimizer_state_dict(model, optim, options=_options(kind)))
+    if kind != "fsdp":
+        return (*state, False)
+    return (*_own(state, _live_storages(model, optim)), True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _live_storages(model: nn.Module, optim: torch.optim.Optimizer) -> set[int]:
+    """Storage addresses of everything training will write to again."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(v for s in optim.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
+    return {_local(t).untyped_storage().data_ptr() for t in tensors}
+
+
+def _own(obj: Any, live: set[int]) -> Any:
+    """``obj`` with every tensor that shares storage with ``live`` replaced by a copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone() if _local(obj).untyped_storage().data_ptr() in live else obj
+    if isinstance(obj, dict):
+        return {k: _own(v, live) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_own(v, live) for v in obj)
+    return obj
 
 
 def full_model_state(model: nn.Module, kind: str) -> dict:
@@ -126,6 +153,4 @@ def load_optimizer(model: nn.Module, optim: torch.optim.Optimizer, state: dict, 
 
 def local_numel(model: nn.Module) -> int:
     """Parameter elements this rank holds (FSDP: its shards only)."""
-    from torch.distributed.tensor import DTensor
-
-    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
+    return sum(_local(p).numel() for p in model.parameters())
