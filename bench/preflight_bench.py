@@ -161,8 +161,8 @@ def child(method: str, data: str, workers: int) -> None:
 
 
 def measure(method: str, data: Path, workers: int = 1) -> dict:
-    # No method uses BLAS; OpenBLAS's threads spin for ~0.1 s after numpy/scipy import and would
-    # take a core from the first 0.1 s of a timed run (the x1 runs last 0.2-1.6 s).
+    # No method uses BLAS; OpenBLAS's threads spin for a while after numpy/scipy import and would
+    # take a core from the start of a timed run, a large share of the short x1 runs (docs/benchmarks.md).
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, __file__, "--child", method, str(data), str(workers)],
                           capture_output=True, text=True, check=True, env=env)
