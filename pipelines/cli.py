@@ -1,6 +1,7 @@
 """``taxiway``: every stage from the command line, no Airflow needed.
 
-Exit codes: 0 success, 1 a gate or check failed, 2 bad input or usage. The last line printed
+Exit codes (``pipelines/errors.py``): 0 success, 1 a gate or check failed, 2 bad input or usage,
+3 a transient failure (a service or the machine; try again). The last line printed
 names the main file written. Without ``--run-dir`` a run folder is derived from the config
 (``$TAXIWAY_HOME/runs/<name>-<config sha256[:12]>``), so stages run one after another chain.
 """
@@ -16,8 +17,10 @@ from typing import Annotated
 
 import typer
 
-from pipelines import paths
-from pipelines.config import ConfigError, RunConfig, load_config
+from pipelines import run_folder
+from pipelines.config import RunConfig, load_config
+from pipelines.errors import BadInput, CheckFailed, kind_of
+from pipelines.run_folder import RunFolder
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Taxiway: raw text to an evaluated, registered language model.")
@@ -26,18 +29,7 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: key.path=value (repeatable)")]
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (default: derived from the config)")]
 
-EXIT_GATE, EXIT_INPUT = 1, 2
-
-
-def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from pipelines.documents import DocumentError
-    from pipelines.manifest import ManifestError
-    from pipelines.promotion import LockTimeout
-    from pipelines.registry import RegistryUnavailable
-    from pipelines.tokenize.bpe import TokenizerError
-
-    return (ConfigError, ManifestError, DocumentError, TokenizerError, FileNotFoundError,
-            FileExistsError, LookupError, ValueError, RegistryUnavailable, LockTimeout)
+EXIT_GATE, EXIT_INPUT = CheckFailed.exit_code, BadInput.exit_code
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -49,13 +41,14 @@ def _setup(config: Path, overrides: list[str] | None, run_dir: Path | None) -> t
     from pipelines import stages
 
     cfg = load_config(config, overrides or [])
-    folder = (run_dir or paths.run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
+    folder = (run_dir or run_folder.run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
     stages.prepare(cfg, folder)
     return cfg, folder
 
 
 def _guard(fn):
-    """Map bad input to exit 2 with one clear line, whatever the stage."""
+    """One clear line and the kind's exit code (2 bad input, 1 check failed, 3 try again),
+    whatever the stage; an unexpected error keeps its traceback."""
     import functools
 
     @functools.wraps(fn)
@@ -64,8 +57,10 @@ def _guard(fn):
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
-        except _bad_input_errors() as exc:
-            raise _fail(str(exc), EXIT_INPUT) from None
+        except Exception as exc:
+            if (kind := kind_of(exc)) is None:
+                raise
+            raise _fail(f"{exc}" if kind is BadInput else f"{kind.label}: {exc}", kind.exit_code) from None
 
     return wrapper
 
@@ -99,7 +94,7 @@ def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) 
     cfg, folder = _setup(config, set, run_dir)
     report = stages.preflight(cfg, folder)
     typer.echo(report.summary())
-    typer.echo(folder / "preflight" / "report.json")
+    typer.echo(RunFolder(folder).preflight_report)
     if not report.passed:
         raise typer.Exit(EXIT_GATE)
 
@@ -147,7 +142,7 @@ def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -
     cfg, folder = _setup(config, set, run_dir)
     report = stages.evaluate(cfg, folder)
     typer.echo(report["reason"])
-    typer.echo(folder / "eval" / "report.json")
+    typer.echo(RunFolder(folder).eval_report)
     if not report["passed"]:
         raise typer.Exit(EXIT_GATE)
 
@@ -162,7 +157,7 @@ def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
     cfg, folder = _setup(config, set, run_dir)
     result = stages.register(cfg, folder, run_key or folder.name)
     typer.echo(json.dumps(result))
-    typer.echo(folder / "registry.json")
+    typer.echo(RunFolder(folder).registry_record)
 
 
 @app.command()
@@ -181,7 +176,7 @@ def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> Non
     stages.evaluate(cfg, folder)
     stages.register(cfg, folder, folder.name)
     typer.echo(stages.summary(folder))
-    typer.echo(folder / "registry.json")
+    typer.echo(RunFolder(folder).registry_record)
 
 
 @app.command()
@@ -191,10 +186,11 @@ def summary(run_dir: Annotated[Path | None, typer.Argument(help="Run folder (def
     from pipelines import stages
 
     if run_dir is None:
-        done = sorted((paths.taxiway_home() / "runs").glob("*/registry.json"), key=lambda p: p.stat().st_mtime)
+        done = sorted((f for d in run_folder.runs_root().glob("*") if (f := RunFolder(d)).registry_record.exists()),
+                      key=lambda f: f.registry_record.stat().st_mtime)
         if not done:
-            raise _fail(f"no registered run under {paths.taxiway_home() / 'runs'}", EXIT_INPUT)
-        run_dir = done[-1].parent
+            raise _fail(f"no registered run under {run_folder.runs_root()}", EXIT_INPUT)
+        run_dir = done[-1].root
     typer.echo(stages.summary(run_dir))
 
 
@@ -239,8 +235,8 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
 
     cfg = load_config(config, [*(set or []), *([f"compute.nodes={nodes}"] if nodes else [])])
     run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
-    pod_run_dir = Path(PurePosixPath(cfg.compute.kubernetes.mount_path) / "runs" / paths.safe_run_id(run_id))
-    command = launch_spec(cfg, pod_run_dir, pod_run_dir / "train" / "spec.json").trainer_args()
+    pod_run_dir = run_folder.run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
+    command = launch_spec(cfg, pod_run_dir, RunFolder(pod_run_dir).trainer_spec).trainer_args()
     typer.echo(k8s.to_yaml(k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)), nl=False)
 
 

@@ -18,8 +18,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pipelines.paths import taxiway_home
+from pipelines.errors import BadInput
 from pipelines.roots import Roots
+from pipelines.run_folder import taxiway_home
 
 SECTIONS = (
     "name", "data", "preflight", "tokenizer", "pack", "model", "train",
@@ -30,7 +31,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A config that cannot be used; ``errors`` maps dotted field paths to reasons."""
 
     def __init__(self, errors: dict[str, str], source: str = "config") -> None:

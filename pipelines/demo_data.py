@@ -12,6 +12,7 @@ import sysconfig
 from pathlib import Path
 
 from pipelines import atomic, manifest
+from pipelines.errors import BadInput
 
 # Folders of generated or near-identical files (codec tables, test fixtures) that would make
 # train and val overlap by construction.
@@ -42,7 +43,7 @@ def write_demo_data(out_dir: str | Path, seed: int = 0, val_fraction: float = 0.
     """
     out = Path(out_dir).resolve()
     if out.exists() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out}: exists and is not empty (pass --force to replace it)")
+        raise BadInput(f"{out}: exists and is not empty (pass --force to replace it)")
     root = Path(sysconfig.get_paths()["stdlib"])
     seen, unique = set(), []
     for path in stdlib_sources():

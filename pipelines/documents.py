@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from pipelines import storage
+from pipelines.errors import BadInput
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
 
 
-class DocumentError(ValueError):
+class DocumentError(BadInput):
     """A data file that cannot be read as documents."""
 
 

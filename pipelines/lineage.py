@@ -15,6 +15,7 @@ from typing import Any
 from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import effective_data
+from pipelines.run_folder import RunFolder
 
 WEIGHTS_TAG = "taxiway.weights_sha256"
 
@@ -32,7 +33,7 @@ def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def packed_info(run_dir: Path) -> dict[str, Any]:
-    pointer = json.loads((run_dir / "tokenize" / "packed.json").read_text())
+    pointer = json.loads(RunFolder(run_dir).packed_link.read_text())
     packed = json.loads((Path(pointer["path"]) / "manifest.json").read_text())
     return {"path": pointer["path"], "key": pointer["key"], "manifest": packed}
 
@@ -41,7 +42,7 @@ def parent_version(cfg: RunConfig, run_dir: Path) -> str:
     """The parent as the concrete version training started from (an alias may have moved since)."""
     if not cfg.parent:
         return "none"
-    for folder in sorted((run_dir / "parent").glob("*-v*")):
+    for folder in sorted(RunFolder(run_dir).parent.glob("*-v*")):
         name, _, version = folder.name.rpartition("-v")
         if version.isdigit():
             return f"models:/{name}/{version}"
@@ -50,14 +51,14 @@ def parent_version(cfg: RunConfig, run_dir: Path) -> str:
 
 def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_version: str,
          airflow: dict[str, str]) -> dict[str, str]:
-    """The model version's lineage tags (DESIGN.md §3) and its evaluation against the baseline."""
+    """The model version's lineage tags (docs/architecture.md, contracts) and its evaluation against the baseline."""
     packed = packed_info(run_dir)
     out = {
         "taxiway.config_sha256": cfg.sha256(),
         "taxiway.data_manifest_sha256": manifest.digest(effective_data(cfg, run_dir).data.manifest),
         "taxiway.packed_dataset": packed["key"],
         "taxiway.tokenizer_sha256": packed["manifest"]["tokenizer_sha256"],
-        WEIGHTS_TAG: manifest.sha256_file(run_dir / "model" / "model.safetensors"),
+        WEIGHTS_TAG: manifest.sha256_file(RunFolder(run_dir).model / "model.safetensors"),
         "taxiway.code_version": code_version,
         "taxiway.parent_model": parent_version(cfg, run_dir),
         "taxiway.run_dir": str(run_dir),
@@ -122,22 +123,22 @@ def datasets(cfg: RunConfig, run_dir: Path) -> list[DatasetRef]:
 
 def artifacts(run_dir: Path) -> list[tuple[Path, str]]:
     """(file, artifact folder) pairs to log; absent optional files are skipped."""
-    packed = Path(packed_info(run_dir)["path"])
+    packed, folder = Path(packed_info(run_dir)["path"]), RunFolder(run_dir)
     wanted = [
-        (run_dir / "config.yaml", "config"),
-        (run_dir / "preflight" / "report.json", "preflight"),
-        (run_dir / "preflight" / "report.md", "preflight"),
-        (run_dir / "preflight" / "overlap.png", "preflight"),
+        (folder.config, "config"),
+        (folder.preflight_report, "preflight"),
+        (folder.preflight_summary, "preflight"),
+        (folder.overlap_plot, "preflight"),
         (packed / "manifest.json", "packed"),
         (packed / "tokenizer.json", "tokenizer"),
-        (run_dir / "status.json", "train"),
+        (folder.status, "train"),
         *eval_artifacts(run_dir),
     ]
     return [(path, dest) for path, dest in wanted if path.exists()]
 
 
 def eval_artifacts(run_dir: Path) -> list[tuple[Path, str]]:
-    folder = run_dir / "eval"
+    folder = RunFolder(run_dir).eval
     return [(folder / name, "eval") for name in ("report.json", "report.md", "comparison.png", "per_unit.csv")
             if (folder / name).exists()]
 

@@ -17,12 +17,13 @@ from typing import Any
 
 from pipelines import atomic
 from pipelines.config import RunConfig
+from pipelines.run_folder import RunFolder
 
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
 
 
 def _offset_path(run_dir: Path) -> Path:
-    return run_dir / "train" / "metrics.shipped.json"
+    return RunFolder(run_dir).metrics_shipped
 
 
 def shipped_offset(run_dir: Path) -> int:
@@ -35,7 +36,7 @@ def shipped_offset(run_dir: Path) -> int:
 def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str, Any]], int]:
     """Complete lines after byte ``start`` (default: the shipped offset), and the offset after them
     (a torn last line waits)."""
-    path = run_dir / "metrics.jsonl"
+    path = RunFolder(run_dir).metrics
     if not path.exists():
         return [], 0
     start = shipped_offset(run_dir) if start is None else start
@@ -48,7 +49,7 @@ def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str,
 
 def last_record(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
     """The newest complete line of ``metrics.jsonl`` with a loss ({} when there is none)."""
-    path = run_dir / "metrics.jsonl"
+    path = RunFolder(run_dir).metrics
     if not path.exists():
         return {}
     size = path.stat().st_size

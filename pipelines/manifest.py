@@ -15,12 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from pipelines import atomic, storage
+from pipelines.errors import BadInput
 from pipelines.progress import Progress
 
 SPLITS = ("train", "val")
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput):
     """A manifest that cannot be read; the message names the file and line."""
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import RegistryConfig
-from pipelines.paths import mlflow_tracking_uri
+from pipelines.errors import BadInput, Transient
+from pipelines.run_folder import mlflow_tracking_uri
 
 log = logging.getLogger("taxiway.promotion")
 
@@ -36,11 +37,11 @@ CHAMPION_TAG = "taxiway.champion_version"  # registered-model tag: the version T
 LEASE_S = 120.0
 
 
-class ChampionMissing(LookupError):
+class ChampionMissing(BadInput):
     """The champion alias is gone because its version was deleted: refuse to guess a baseline."""
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(Transient):
     """The champion lock stayed taken for longer than ``registry.lock_timeout_s``."""
 
 

@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 from pipelines import lineage, manifest
 from pipelines.config import RegistryConfig, RunConfig
-from pipelines.paths import cache_dir, mlflow_artifact_root, mlflow_tracking_uri
+from pipelines.errors import BadInput, Transient
+from pipelines.run_folder import Cache, RunFolder, cache_dir, mlflow_artifact_root, mlflow_tracking_uri
 
 log = logging.getLogger("taxiway.registry")
 
@@ -34,7 +35,11 @@ LOGGING_TAG = "taxiway.logging"   # registration started logging into this run
 T = TypeVar("T")
 
 
-class RegistryUnavailable(RuntimeError):
+class ModelNotFound(BadInput, LookupError):
+    """A models:/ URI names no version, or the version's files are not a Taxiway model."""
+
+
+class RegistryUnavailable(Transient):
     """MLflow could not be reached (or kept failing transiently) after every retry."""
 
 
@@ -105,7 +110,7 @@ def with_retries(reg: RegistryConfig, what: str, fn: Callable[[], T]) -> T:
 
 
 def _ping(uri: str) -> None:
-    """Fail fast (and transiently) when the store is down, instead of MLflow's own ~100 s of retries."""
+    """Fail fast (and transiently) when the store is down, instead of waiting out MLflow's own HTTP retries."""
     if uri.startswith("sqlite:"):
         return
     if _is_database(uri):
@@ -140,14 +145,14 @@ def client():
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` → (name, version, alias)."""
     if not uri.startswith("models:/"):
-        raise ValueError(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
+        raise BadInput(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
     body = uri[len("models:/"):]
     if "@" in body:
         name, alias = body.split("@", 1)
         return name, None, alias
     name, _, version = body.partition("/")
     if not name or not version:
-        raise ValueError(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
+        raise BadInput(f"{uri!r}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
     return name, version, None
 
 
@@ -165,7 +170,7 @@ def resolve_version(uri: str, reg: RegistryConfig | None = None):
     try:
         return with_retries(reg, f"resolve {uri}", get)
     except MlflowException as exc:
-        raise LookupError(f"{uri}: no such model version ({exc.message})") from None
+        raise ModelNotFound(f"{uri}: no such model version ({exc.message})") from None
 
 
 def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
@@ -186,12 +191,12 @@ def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
             got = Path(with_retries(reg or RegistryConfig(), f"download {where}", lambda: mlflow.artifacts.download_artifacts(
                 artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=mlflow_tracking_uri())))
         except (MlflowException, OSError) as exc:
-            raise LookupError(f"{where}: its files at {mv.source} cannot be downloaded ({exc})") from None
+            raise Transient(f"{where}: its files at {mv.source} cannot be downloaded ({exc})") from None
         if not (got / "model.safetensors").is_file():
-            raise LookupError(f"{where}: no model.safetensors in {mv.source}")
+            raise ModelNotFound(f"{where}: no model.safetensors in {mv.source}")
         expected = (mv.tags or {}).get(lineage.WEIGHTS_TAG)
         if expected and manifest.sha256_file(got / "model.safetensors") != expected:
-            raise LookupError(f"{where}: model.safetensors at {mv.source} does not match the sha256 recorded "
+            raise ModelNotFound(f"{where}: model.safetensors at {mv.source} does not match the sha256 recorded "
                               f"at registration ({expected[:12]}…); the stored copy is corrupt")
         os.rename(got, final)
     finally:
@@ -205,7 +210,7 @@ def fetch_model(uri: str, reg: RegistryConfig | None = None) -> tuple[Path, str 
     if not uri.startswith("models:/") and Path(uri).is_dir():
         return Path(uri), None
     mv = resolve_version(uri, reg)
-    return download(mv, cache_dir() / "models", reg), (mv.tags or {}).get(lineage.WEIGHTS_TAG)
+    return download(mv, Cache(cache_dir()).models, reg), (mv.tags or {}).get(lineage.WEIGHTS_TAG)
 
 
 def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> Baseline | None:
@@ -226,7 +231,7 @@ def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> B
     else:
         uri = cfg.parent if choice == "parent" else choice
         if not uri:
-            raise ValueError("eval.baseline: 'parent' needs a parent model (config field parent)")
+            raise BadInput("eval.baseline: 'parent' needs a parent model (config field parent)")
         mv = resolve_version(uri, reg)
         kind = "parent" if choice == "parent" else "uri"
         if kind == "uri" and mv.name == reg.model_name and reg.champion_alias in (mv.aliases or []):
@@ -348,7 +353,7 @@ def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str
     _log_datasets(c, run_id, cfg, run_dir)
     for path, dest in lineage.artifacts(run_dir):
         c.log_artifact(run_id, str(path), artifact_path=dest)
-    c.log_artifacts(run_id, str(run_dir / "model"), artifact_path="model")
+    c.log_artifacts(run_id, str(RunFolder(run_dir).model), artifact_path="model")
     c.set_terminated(run_id)
     return run_id
 
@@ -378,7 +383,7 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     from pipelines import promotion
 
     run_dir = Path(run_dir)
-    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    report = json.loads(RunFolder(run_dir).eval_report.read_text())
     tags = {**lineage.tags(cfg, run_dir, report, code_version(), airflow or {}), RUN_KEY_TAG: run_key}
     name = cfg.registry.model_name
 

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.paths import taxiway_home
+from pipelines.errors import BadInput
+from pipelines.run_folder import taxiway_home
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_ROOTS_ENV = "TAXIWAY_CONFIG_ROOTS"
@@ -22,7 +23,7 @@ DATA_ROOTS_ENV = "TAXIWAY_DATA_ROOTS"
 DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path")
 
 
-class OutOfBounds(ValueError):
+class OutOfBounds(BadInput):
     """A path outside the roots this deployment allows; the message names the field and the rule."""
 
 

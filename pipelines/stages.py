@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,27 +17,34 @@ from typing import Any
 
 from pipelines import atomic, lineage
 from pipelines.config import RunConfig, load_config
+from pipelines.errors import BadInput, CheckFailed
+from pipelines.run_folder import RunFolder, State
 
 log = logging.getLogger("taxiway.stages")
 
 
-class StageInputError(FileNotFoundError):
+class StageInputError(BadInput):
     """An earlier stage's output is missing: the stages ran out of order."""
+
+
+class SmokeFailed(CheckFailed):
+    """The trainer's one-process smoke test failed: config or code cannot train."""
 
 
 def prepare(cfg: RunConfig, run_dir: Path) -> Path:
     """Write ``config.yaml`` and its sha256: the run's identity. Idempotent for the same config."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
+    folder = RunFolder(run_dir)
+    path = folder.config
     if path.exists() and path.read_text() != cfg.to_yaml():
-        raise ValueError(f"{run_dir}: run folder already holds a different config; use another --run-dir")
+        raise BadInput(f"{run_dir}: run folder already holds a different config; use another --run-dir")
     atomic.write_text(path, cfg.to_yaml())
-    atomic.write_text(run_dir / "config.sha256", cfg.sha256() + "\n")
+    atomic.write_text(folder.config_sha256, cfg.sha256() + "\n")
     return path
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
-    path = Path(run_dir) / "config.yaml"
+    path = RunFolder(run_dir).config
     if not path.exists():
         raise StageInputError(f"{path}: missing; the run folder was not prepared")
     return load_config(path)
@@ -61,7 +69,7 @@ def tokenize(cfg: RunConfig, run_dir: Path):
     from pipelines.preflight.decontaminate import effective_data
 
     cfg = effective_data(cfg, run_dir)
-    parent = parent_weights(cfg, run_dir / "parent")
+    parent = parent_weights(cfg, RunFolder(run_dir).parent)
     if parent is not None:
         cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
             update={"path": str(parent_tokenizer(cfg, parent))})})
@@ -74,7 +82,7 @@ def parent_tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
 
     theirs = _require(parent_dir / "tokenizer.json", "register (the parent has no tokenizer.json)")
     if cfg.tokenizer.path and bpe.file_sha256(cfg.tokenizer.path) != bpe.file_sha256(theirs):
-        raise ValueError(f"tokenizer.path {cfg.tokenizer.path} differs from the parent model's tokenizer "
+        raise BadInput(f"tokenizer.path {cfg.tokenizer.path} differs from the parent model's tokenizer "
                          f"({cfg.parent}, sha256 {bpe.file_sha256(theirs)[:12]}…): continued training must keep "
                          "the parent's vocabulary; unset tokenizer.path")
     return theirs
@@ -88,13 +96,17 @@ def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:
     return registry.download(registry.resolve_version(cfg.parent), dest)
 
 
-def _trainer_spec(cfg: RunConfig, run_dir: Path) -> tuple[Path, Path]:
-    """``<run>/train/spec.json`` for the packed data (and parent weights), and the packed folder."""
+def trainer_spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
+    """The trainer's spec for the packed data (and parent weights): the run's own, or the smoke
+    test's (which names its own, emptied, output folder)."""
     from pipelines.launch.spec import write_trainer_spec
 
-    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    folder = RunFolder(run_dir)
+    _require(folder.packed_link, "tokenize")
     packed = Path(lineage.packed_info(run_dir)["path"])
-    return write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, run_dir / "parent")), packed
+    if smoke:
+        shutil.rmtree(folder.smoke, ignore_errors=True)
+    return write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, folder.parent), smoke=smoke)
 
 
 def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -103,12 +115,12 @@ def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, 
     import subprocess
     import sys
 
-    spec, _ = _trainer_spec(cfg, run_dir)
+    spec = trainer_spec(cfg, run_dir, smoke=True)
     proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(spec), "--smoke"], capture_output=True,
                           text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"trainer smoke test failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise SmokeFailed(f"trainer smoke test failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     return json.loads(lines[-1])
 
 
@@ -117,7 +129,7 @@ def train(cfg: RunConfig, run_dir: Path, on_poll: Callable[[], None] | None = No
     from pipelines.launch import local
     from pipelines.launch.spec import launch_spec
 
-    spec, _ = _trainer_spec(cfg, run_dir)
+    spec = trainer_spec(cfg, run_dir)
     local.run(launch_spec(cfg, run_dir, spec), on_poll=on_poll)
     return finish_train(run_dir)
 
@@ -127,13 +139,13 @@ def launch_gang(cfg: RunConfig, run_dir: Path):
     from pipelines.launch import local
     from pipelines.launch.spec import launch_spec
 
-    spec, _ = _trainer_spec(cfg, run_dir)
+    spec = trainer_spec(cfg, run_dir)
     return local.submit(launch_spec(cfg, run_dir, spec))
 
 
 def finish_train(run_dir: Path) -> Path:
     """Complete the exported model folder with the tokenizer files evaluation and registry need."""
-    model_dir = run_dir / "model"
+    model_dir = RunFolder(run_dir).model
     _require(model_dir / "model.safetensors", "train")
     packed = Path(lineage.packed_info(run_dir)["path"])
     for name in ("tokenizer.json", "token_bytes.npy"):
@@ -145,14 +157,15 @@ def final_checkpoint_ready(run_dir: Path) -> tuple[bool, str]:
     """Training succeeded, its newest valid checkpoint is the final step and the export matches it."""
     from trainer import checkpoint
 
-    status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
-    if status.get("state") != "succeeded":
+    folder = RunFolder(run_dir)
+    status = folder.read_status()
+    if status.get("state") != State.SUCCEEDED:
         return False, f"trainer state is {status.get('state')!r}, waiting for 'succeeded'"
-    newest = checkpoint.latest_valid(run_dir / "checkpoints")
+    newest = checkpoint.latest_valid(folder.checkpoints)
     if newest is None:
         return False, "no valid checkpoint yet"
     step = json.loads((newest / "meta.json").read_text())["global_step"]
-    exported = run_dir / "model" / "model.json"
+    exported = folder.model / "model.json"
     if not exported.exists():
         return False, "weights not exported yet"
     if step != status.get("step") or json.loads(exported.read_text()).get("global_step") != step:
@@ -162,9 +175,8 @@ def final_checkpoint_ready(run_dir: Path) -> tuple[bool, str]:
 
 def progress_line(run_dir: Path, elapsed_s: float) -> str | None:
     """One human line from ``status.json``: step/total, loss, tokens/s, ETA (``elapsed_s`` since launch)."""
-    try:
-        s = json.loads((run_dir / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    s = RunFolder(run_dir).read_status()
+    if not s:
         return None
     step, total = s.get("step") or 0, s.get("total_steps") or 0
     if s.get("loss") is None or s.get("tokens_per_s") is None:  # a relaunch that logged no step yet
@@ -201,13 +213,13 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
     from eval.score import score
     from pipelines import registry
 
-    e = cfg.eval
-    _require(run_dir / "tokenize" / "packed.json", "tokenize")
+    e, folder = cfg.eval, RunFolder(run_dir)
+    _require(folder.packed_link, "tokenize")
     packed = Path(lineage.packed_info(run_dir)["path"])
     device = resolve_device(e.device)
-    candidate, _ = load_model(_require(run_dir / "model", "train"), device)
+    candidate, _ = load_model(_require(folder.model, "train"), device)
     cand = score(candidate, packed, "val", e.batch_size, e.max_batches, device)
-    chosen = registry.resolve_baseline(cfg, run_dir / "eval" / "baseline", baseline)
+    chosen = registry.resolve_baseline(cfg, folder.baseline, baseline)
     if chosen is None:
         base = floor(e.floor, packed, cand.sequences)
         why = ("no champion at registration" if baseline == "floor" else
@@ -223,9 +235,9 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
     decision, paired = gate.decide(cand, base, info["label"], e.min_improvement, e.confidence,
                                    e.bootstrap_samples, e.seed)
     report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
-                               str(run_dir / "model"))
+                               str(folder.model))
     for name, data in eval_report.files(report, paired, decision).items():
-        atomic.write_bytes(run_dir / "eval" / name, data)
+        atomic.write_bytes(folder.eval / name, data)
     log.info("%s", report["reason"])
     return report
 
@@ -262,16 +274,18 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     """Log and register the model; if the champion moved since evaluation, evaluate again against it."""
     from pipelines import registry
 
-    _require(run_dir / "eval" / "report.json", "evaluate")
+    folder = RunFolder(run_dir)
+    _require(folder.eval_report, "evaluate")
     result = registry.register(cfg, run_dir, run_key, airflow,
                                reevaluate=lambda baseline: evaluate(cfg, run_dir, baseline))
-    atomic.write_json(run_dir / "registry.json", result)
+    atomic.write_json(folder.registry_record, result)
     return result
 
 
 def summary(run_dir: Path) -> str:
-    reg = json.loads(_require(run_dir / "registry.json", "register").read_text())
-    ev = json.loads((run_dir / "eval" / "report.json").read_text())
+    folder = RunFolder(run_dir)
+    reg = json.loads(_require(folder.registry_record, "register").read_text())
+    ev = json.loads(folder.eval_report.read_text())
     c, b, g = ev["candidate"], ev["baseline"], ev["gate"]
     return "\n".join([
         "Taxiway run summary",
@@ -287,5 +301,5 @@ def summary(run_dir: Path) -> str:
         f"  alias reason     : {reg.get('reason', ev['reason'])}",
         f"  MLflow run       : {reg['run_id']} (experiment '{reg['experiment']}')",
         f"  run folder       : {run_dir}",
-        f"  report           : {run_dir / 'eval' / 'report.md'}",
+        f"  report           : {folder.eval / 'report.md'}",
     ])

@@ -13,10 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from pipelines.errors import BadInput
+
 _CHUNK = 1 << 20
 
 
-class StorageError(ValueError):
+class StorageError(BadInput):
     """A data location that cannot be read; the message names the path and the reason."""
 
 

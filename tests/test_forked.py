@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.errors import Transient
 from pipelines.preflight.forked import split_map
 
 
@@ -82,7 +83,7 @@ def test_an_exception_that_does_not_pickle_arrives_as_its_repr():
 
 
 def test_a_child_that_dies_is_an_error_naming_the_signal():
-    with pytest.raises(RuntimeError, match="died without a result.*SIGKILL"):
+    with pytest.raises(Transient, match="died without a result.*SIGKILL"):
         list(split_map(_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL)), list(range(20)), 2))
     assert not _children()
 

@@ -24,7 +24,7 @@ import pytest
 from live_airflow import wait_for
 
 from pipelines.launch import local
-from pipelines.paths import safe_run_id
+from pipelines.run_folder import safe_run_id
 from trainer import checkpoint
 
 DAG = "taxiway_train"

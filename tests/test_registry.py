@@ -388,7 +388,7 @@ def test_unreachable_mlflow_fails_clearly_after_retries(uri, models, home: Path,
         _evaluate(run_dir)
     assert time.monotonic() - started < 20
     proc = taxiway("evaluate", "-c", str(run_dir / "config.yaml"), "--run-dir", str(run_dir))
-    assert proc.returncode == 2 and f"error: MLflow at {uri} unavailable" in proc.stderr
+    assert proc.returncode == 3 and f"error: transient failure (try again): MLflow at {uri} unavailable" in proc.stderr
     assert proc.stderr.count("retry") >= 2, proc.stderr  # each retry is logged
 
 

@@ -95,7 +95,7 @@ def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
     raw = json.loads(spec.read_text())
     raw["data"] = str(tmp_path / "nowhere")
     spec.write_text(json.dumps(raw))
-    with pytest.raises(RuntimeError, match="exited with code"):
+    with pytest.raises(local.GangFailed, match="exited with code"):
         local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
 
 
@@ -148,5 +148,5 @@ def test_smoke_passes_in_seconds_and_fails_fast_on_bad_input(packed, tmp_path: P
     assert time.monotonic() - started < 60
     assert not (run_dir / "checkpoints").exists(), "smoke must not touch the real run's checkpoints"
     bad = cfg.model_copy(update={"model": cfg.model.model_copy(update={"block_size": 8})})  # seq_len 32 > 8
-    with pytest.raises(RuntimeError, match="smoke test failed"):
+    with pytest.raises(stages.SmokeFailed, match="smoke test failed"):
         stages.smoke(bad, run_dir)

@@ -16,7 +16,7 @@ from pipelines.launch.spec import write_trainer_spec
 from trainer.fsio import sha256_file
 from trainer.loop import train
 from trainer.schedule import Schedule
-from trainer.spec import TrainSpec
+from trainer.spec import TrainSettings, TrainSpec
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,12 @@ def corpus(tmp_path_factory):
     yield from make_corpus(tmp_path_factory)
 
 
-def _t(**over) -> dict:
-    return {"lr": 1.0, "min_lr": 0.1, "warmup_steps": 10, "steps": 110, "decay": "cosine", **over}
+def _t(**over) -> TrainSettings:
+    """The train section as the trainer's spec carries it."""
+    from pipelines.config import TrainConfig
+
+    fields = {"lr": 1.0, "min_lr": 0.1, "warmup_steps": 10, "steps": 110, "decay": "cosine", **over}
+    return TrainSettings(**TrainConfig(**fields).model_dump())
 
 
 def test_schedules_warm_up_decay_and_continue_without_a_jump():

@@ -1,8 +1,8 @@
 """``python -m trainer --spec SPEC.json [--smoke]`` — run under torchrun, one process per rank.
 
 ``--smoke`` runs in seconds on one process before any gang is scheduled: 2 steps with a
-checkpoint each, then a resume to step 3, in ``<run>/train/smoke/`` (the real run folder is
-not touched); it fails when the loss is not finite or the resume did not happen.
+checkpoint each, then a resume to step 3, in the folder its spec names (the launcher writes a
+smoke spec apart from the real run's); it fails when the loss is not finite or the resume did not happen.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 
 from trainer.loop import train
 from trainer.spec import TrainSpec
+from trainer.status import State
 
 
 def _logging() -> None:
@@ -41,18 +41,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def smoke(spec: TrainSpec) -> int:
-    folder = spec.run_dir / "train" / "smoke"
-    shutil.rmtree(folder, ignore_errors=True)
-    base = {**spec.train, "warmup_steps": 1, "log_every": 1}
-    ckpt = {**spec.checkpoint, "every_steps": 1, "keep_last_n": 2}
+    """Needs a spec whose paths name an empty folder (the launcher clears it)."""
+    base = dataclasses.replace(spec.train, warmup_steps=1, log_every=1)
+    ckpt = dataclasses.replace(spec.checkpoint, every_steps=1, keep_last_n=2)
     for steps in (2, 3):  # the second call must resume from the first call's step-2 checkpoint
-        code = train(dataclasses.replace(spec, run_dir=folder, train={**base, "steps": steps}, checkpoint=ckpt,
+        code = train(dataclasses.replace(spec, train=dataclasses.replace(base, steps=steps), checkpoint=ckpt,
                                          world_size=1))
         if code != 0:
             return code
-    status = json.loads((folder / "status.json").read_text())
+    status = json.loads(spec.paths.status.read_text())
     # steps count from the parent's global step when there is one: 3 steps after it, not step 3
-    ok = (status["state"] == "succeeded" and status["step"] == status["total_steps"] and status["restarts"] == 1
+    ok = (status["state"] == State.SUCCEEDED and status["step"] == status["total_steps"] and status["restarts"] == 1
           and status["loss"] is not None and math.isfinite(status["loss"]))
     print(json.dumps({"smoke": "passed" if ok else "failed", **status}))
     return 0 if ok else 1

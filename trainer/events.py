@@ -1,6 +1,6 @@
 """Structured events: one JSON object per line, UTC ISO 8601 time, on every rank's log.
 
-Rank 0 also appends them to ``<run>/events.jsonl`` so the orchestrator (and a person) can read
+Rank 0 also appends them to the run's ``events.jsonl`` so the orchestrator (and a person) can read
 what happened without parsing logs: startup checks, resumes, checkpoints, skipped steps, loss
 spikes, slow ranks, failures.
 """
@@ -18,9 +18,9 @@ log = logging.getLogger("trainer.events")
 
 
 class Events:
-    def __init__(self, run_dir: Path, rank: int, to_file: bool) -> None:
+    def __init__(self, path: Path, rank: int, to_file: bool) -> None:
         self.rank = rank
-        self.path = run_dir / "events.jsonl" if to_file else None
+        self.path = path if to_file else None
 
     def emit(self, event: str, level: int = logging.INFO, write: bool = True, **fields: Any) -> dict[str, Any]:
         """Log the event; rank 0 also appends it to ``events.jsonl`` unless ``write`` is false."""

@@ -59,9 +59,9 @@ class Faults:
             fake_torch=_rank_value(env.get("TAXIWAY_TEST_FAKE_TORCH")),
         )
 
-    def maybe_hold(self, kind: str, step: int, run_dir: Path) -> None:
+    def maybe_hold(self, kind: str, step: int, scratch: Path) -> None:
         if self.hold == (kind, step):
-            marker = run_dir / "train" / f"held-{kind}-{step}"
+            marker = scratch / f"held-{kind}-{step}"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(os.getpid()))
             while True:

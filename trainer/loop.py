@@ -31,18 +31,18 @@ from trainer.model import GPT
 from trainer.parallel import Dist
 from trainer.saver import Committed, Saver
 from trainer.schedule import Schedule
-from trainer.spec import TrainSpec
-from trainer.status import StatusWriter, record_failure
+from trainer.spec import TrainSettings, TrainSpec
+from trainer.status import State, StatusWriter, record_failure
 from trainer.throughput import flops_per_token, mfu, peak_flops
 
 log = logging.getLogger("trainer")
 
 
-def _optimizer(model: torch.nn.Module, t: dict) -> torch.optim.Optimizer:
+def _optimizer(model: torch.nn.Module, t: TrainSettings) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t["lr"], betas=(0.9, 0.95), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 class _Termination:
@@ -81,16 +81,16 @@ def train(spec: TrainSpec) -> int:
     """Run (or resume) one training job on this rank; returns the process exit code."""
     t = spec.train
     torch.set_num_threads(spec.threads)
-    if t["deterministic"]:
+    if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     rank = int(os.environ.get("RANK", 0))
-    status = StatusWriter(spec.run_dir, t["steps"], enabled=rank == 0)
-    status.update(state="initializing", force=True)
-    events = Events(spec.run_dir, rank, to_file=rank == 0)
+    status = StatusWriter(spec.paths, t.steps, enabled=rank == 0)
+    status.update(state=State.INITIALIZING, force=True)
+    events = Events(spec.paths.events, rank, to_file=rank == 0)
 
     def canceled_late(reason: str) -> None:
-        status.update(state="canceled", error=reason, force=True)
+        status.update(state=State.CANCELED, error=reason, force=True)
         events.emit("canceled", logging.ERROR, reason=reason)
 
     term = _Termination(spec.cancel_grace_s, canceled_late)
@@ -104,11 +104,11 @@ def train(spec: TrainSpec) -> int:
         startup.run(ctx, spec.world_size, events, faults)
         return _Run(spec, ctx, status, events, term, faults).run()
     except TrainerError as exc:
-        status.update(state="failed", error=str(exc), force=True)
+        status.update(state=State.FAILED, error=str(exc), force=True)
         events.emit("failed", logging.ERROR, error=str(exc), exit_code=exc.code)
         return exc.code
     except Exception as exc:
-        status.update(state="failed", error=f"{type(exc).__name__}: {exc}", force=True)
+        status.update(state=State.FAILED, error=f"{type(exc).__name__}: {exc}", force=True)
         raise
     finally:
         term.restore()
@@ -123,12 +123,12 @@ class _Run:
                  faults: Faults) -> None:
         self.spec, self.ctx, self.status, self.events, self.term, self.faults = spec, ctx, status, events, term, faults
         self.t = spec.train
-        self.kind = self.t["parallel"] if ctx.world > 1 else "ddp"  # one process: nothing to shard
+        self.kind = self.t.parallel if ctx.world > 1 else "ddp"  # one process: nothing to shard
         self.step = self.tokens_seen = 0
-        self.parent_uri = (spec.parent or {}).get("uri")
-        self.saver = Saver(spec.checkpoints, spec.checkpoint["keep_last_n"], spec.checkpoint["async_save"],
+        self.parent_uri = spec.parent.uri if spec.parent else None
+        self.saver = Saver(spec.checkpoints, spec.checkpoint.keep_last_n, spec.checkpoint.async_save,
                            pin=ctx.device.type == "cuda",
-                           after_model=lambda step: faults.maybe_hold("write", step, spec.run_dir))
+                           after_model=lambda step: faults.maybe_hold("write", step, spec.paths.scratch))
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -146,12 +146,12 @@ class _Run:
 
     def _build(self) -> None:
         spec, t, ctx = self.spec, self.t, self.ctx
-        torch.manual_seed(t["seed"])
-        np.random.seed(t["seed"] + ctx.rank)
-        random.seed(t["seed"] + ctx.rank)
+        torch.manual_seed(t.seed)
+        np.random.seed(t.seed + ctx.rank)
+        random.seed(t.seed + ctx.rank)
         self.model = GPT(spec.model)
         self.data = PackedSplit(spec.data, "train")
-        self.sampler = ShardedSampler(len(self.data), t["batch_size"], ctx.rank, ctx.world, t["seed"])
+        self.sampler = ShardedSampler(len(self.data), t.batch_size, ctx.rank, ctx.world, t.seed)
         origin, start_lr, state = 0, None, None
         self.skipped_before = 0
         resume = self._resume_point()
@@ -173,7 +173,7 @@ class _Run:
         elif spec.parent:
             origin, start_lr = self._load_parent()
         self.model.to(ctx.device)
-        precision = t["precision"]
+        precision = t.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda")
         self.wrapped = parallel.wrap(self.model, self.kind, ctx, self.bf16)
         self.optim = _optimizer(self.model, t)
@@ -185,11 +185,11 @@ class _Run:
 
     def _load_parent(self) -> tuple[int, float | None]:
         """Weights from the parent; global step, tokens seen and the LR continue from its metadata."""
-        parent, info = weights.load(self.spec.parent["weights"])
+        parent, info = weights.load(self.spec.parent.weights)
         try:
             self.model.load_state_dict(parent.state_dict())
         except RuntimeError as exc:
-            raise TrainerError(f"parent {self.parent_uri} ({self.spec.parent['weights']}) does not fit the "
+            raise TrainerError(f"parent {self.parent_uri} ({self.spec.parent.weights}) does not fit the "
                                f"configured model: {exc}") from None
         self.step = self.tokens_seen = 0
         if "global_step" in info:
@@ -206,8 +206,8 @@ class _Run:
     def run(self) -> int:
         spec, t, ctx = self.spec, self.t, self.ctx
         self._build()
-        watchdog = DataWatchdog(t["data_timeout_s"], spec.run_dir / "train" / f"stacks-rank{ctx.rank}.txt",
-                                lambda reason: record_failure(spec.run_dir, f"rank {ctx.rank}: {reason}"),
+        watchdog = DataWatchdog(t.data_timeout_s, spec.paths.scratch / f"stacks-rank{ctx.rank}.txt",
+                                lambda reason: record_failure(spec.paths.status, f"rank {ctx.rank}: {reason}"),
                                 EXIT_DATA_STALL)
         try:
             return self._loop(watchdog)
@@ -221,18 +221,18 @@ class _Run:
 
     def _loop(self, watchdog: DataWatchdog) -> int:
         spec, t, ctx, status, events = self.spec, self.t, self.ctx, self.status, self.events
-        accum, world, device = t["grad_accum"], ctx.world, ctx.device
-        tokens_per_step = t["batch_size"] * accum * self.data.seq_len * world
+        accum, world, device = t.grad_accum, ctx.world, ctx.device
+        tokens_per_step = t.batch_size * accum * self.data.seq_len * world
         autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if self.bf16 else nullcontext
-        guard = NonFiniteGuard(t["max_nonfinite_steps"])
+        guard = NonFiniteGuard(t.max_nonfinite_steps)
         guard.skipped = self.skipped_before
-        spikes = SpikeDetector(t["spike_window"], t["spike_sigma"])
+        spikes = SpikeDetector(t.spike_window, t.spike_sigma)
         stragglers = StragglerDetector(world)
         timer = LocalTimer(device)
         flops_token = flops_per_token(self.model, self.data.seq_len)
-        peak = peak_flops(device, self.bf16, t["peak_tflops"])
+        peak = peak_flops(device, self.bf16, t.peak_tflops)
         end = self.schedule.end_step
-        status.update(state="running", step=self.step, total_steps=end, tokens_seen=self.tokens_seen, force=True)
+        status.update(state=State.RUNNING, step=self.step, total_steps=end, tokens_seen=self.tokens_seen, force=True)
         events.emit("training_started", step=self.step, end_step=end, world_size=world, parallel=self.kind,
                     bf16=self.bf16, tokens_per_step=tokens_per_step, flops_per_token=flops_token,
                     parameters=self.model.num_params(non_embedding=False),
@@ -261,7 +261,7 @@ class _Run:
                     (loss / accum).backward()
                 loss_sum += loss.detach()
             loss_sum = self.faults.measured_loss(self.step + 1, loss_sum)
-            grad_norm = parallel.clip_grad_norm(self.model, t["grad_clip"])
+            grad_norm = parallel.clip_grad_norm(self.model, t.grad_clip)
 
             # one collective per step, overlapped with the update: stop flag, loss, grad norm, each rank's time
             health = torch.zeros(3 + world, device=device)
@@ -292,11 +292,11 @@ class _Run:
                 self.saver.reserve(parallel.full_state(self.model, self.optim, self.kind)[:2])
             self._note_slow_ranks(stragglers.observe(rank_times), rank_times)
             if ctx.rank == 0:
-                self.faults.maybe_hold("step", self.step, spec.run_dir)
+                self.faults.maybe_hold("step", self.step, spec.paths.scratch)
             self._drain()
 
             final = self.step == end
-            if self.step % t["log_every"] == 0 or final:
+            if self.step % t.log_every == 0 or final:
                 elapsed = time.perf_counter() - window_start
                 tps = window_tokens / max(elapsed, 1e-9)
                 util = mfu(flops_token, tps, peak, world)
@@ -313,19 +313,19 @@ class _Run:
             else:
                 status.update(step=self.step, tokens_seen=self.tokens_seen, skipped_steps=guard.skipped)
 
-            if self.step % spec.checkpoint["every_steps"] == 0 or final or stop:
+            if self.step % spec.checkpoint.every_steps == 0 or final or stop:
                 if stop:
-                    status.update(state="canceling", force=True)
+                    status.update(state=State.CANCELING, force=True)
                 self._save(guard.skipped, wait=final or stop)
             if stop:
-                status.update(state="canceled", force=True)
+                status.update(state=State.CANCELED, force=True)
                 events.emit("canceled", step=self.step, reason="SIGTERM")
                 return EXIT_CANCELED
 
         self.saver.wait(self._heartbeat)
         self._drain()
         self._export()
-        status.update(state="succeeded", step=self.step, force=True)
+        status.update(state=State.SUCCEEDED, step=self.step, force=True)
         events.emit("succeeded", step=self.step, tokens_seen=self.tokens_seen, skipped_steps=guard.skipped)
         return 0
 
@@ -344,7 +344,7 @@ class _Run:
         """Every rank writes its RNG state; rank 0 snapshots the full state and hands it to the writer."""
         spec, ctx = self.spec, self.ctx
         started = time.perf_counter()
-        self.status.update(force=True, **({"state": "checkpointing"} if self.status.fields["state"] == "running" else {}))
+        self.status.update(force=True, **({"state": State.CHECKPOINTING} if self.status.fields["state"] == State.RUNNING else {}))
         checkpoint.write_rank_state(spec.checkpoints, self.step, ctx.rank)
         full = parallel.full_state(self.model, self.optim, self.kind) if ctx.rank == 0 or self.kind == "fsdp" else None
         if ctx.world > 1:
@@ -370,8 +370,8 @@ class _Run:
     def _committed(self, done: Committed) -> None:
         self.events.emit("checkpoint_committed", step=done.step, path=str(done.path), write_s=round(done.write_s, 4))
         fields: dict[str, Any] = {"last_checkpoint": str(done.path)}
-        if self.status.fields["state"] == "checkpointing":
-            fields["state"] = "running"
+        if self.status.fields["state"] == State.CHECKPOINTING:
+            fields["state"] = State.RUNNING
         self.status.update(force=True, **fields)
 
     def _export(self) -> None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from trainer.spec import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -26,10 +29,9 @@ class Schedule:
     start_lr: float | None     # None: fresh run (warmup to peak); else the parent's final LR
 
     @classmethod
-    def from_config(cls, t: dict[str, Any], origin_step: int = 0, start_lr: float | None = None) -> Schedule:
-        return cls(peak_lr=t["lr"], min_lr=t["min_lr"], warmup_steps=t["warmup_steps"],
-                   decay=t["decay"], origin_step=origin_step,
-                   end_step=origin_step + t["steps"], start_lr=start_lr)
+    def from_config(cls, t: TrainSettings, origin_step: int = 0, start_lr: float | None = None) -> Schedule:
+        return cls(peak_lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, decay=t.decay,
+                   origin_step=origin_step, end_step=origin_step + t.steps, start_lr=start_lr)
 
     def lr(self, step: int) -> float:
         """LR for the update that takes the model from ``step`` to ``step + 1``."""

@@ -1,45 +1,98 @@
 """The trainer's input contract: one JSON file written by the launcher (``train/spec.json``).
 
-It carries only what the trainer needs, so the image needs neither the config loader nor YAML.
+It carries only what the trainer needs, typed, so the image needs neither the config loader nor
+YAML, and a launcher that writes a field the trainer does not know (or leaves one out) fails at
+load time naming it, not at the step that first reads it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trainer.model import GPTConfig
+from trainer.paths import TrainerPaths
+
+
+def _typed(cls: type, raw: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in fields(cls)}
+    if unknown := sorted(set(raw) - names):
+        raise ValueError(f"spec.json {where}: unknown field(s) {', '.join(unknown)}")
+    if missing := sorted(names - set(raw)):
+        raise ValueError(f"spec.json {where}: missing field(s) {', '.join(missing)}")
+    return cls(**raw)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The RunConfig's ``train`` section, as the trainer reads it."""
+
+    steps: int
+    batch_size: int
+    grad_accum: int
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    decay: Literal["cosine", "linear"]
+    seed: int
+    log_every: int
+    deterministic: bool
+    parallel: Literal["ddp", "fsdp"]
+    precision: Literal["auto", "fp32", "bf16"]
+    peak_tflops: float | None
+    max_nonfinite_steps: int
+    spike_window: int
+    spike_sigma: float
+    data_timeout_s: int
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    every_steps: int
+    keep_last_n: int
+    async_save: bool
+
+
+@dataclass(frozen=True)
+class Parent:
+    uri: str
+    weights: Path  # folder with model.safetensors + model.json
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    run_dir: Path
+    paths: TrainerPaths
     data: Path
     model: GPTConfig
-    train: dict[str, Any]
-    checkpoint: dict[str, Any]
+    train: TrainSettings
+    checkpoint: CheckpointSettings
     config_sha256: str
     backend: str = "auto"
     threads: int = 1
-    parent: dict[str, Any] | None = None  # {"uri": ..., "weights": folder with model.safetensors + model.json}
+    parent: Parent | None = None
     world_size: int | None = None         # processes the config asks for; a different count fails at startup
     cancel_grace_s: float = 25.0          # after SIGTERM, exit within this long even without a checkpoint
 
     @classmethod
     def load(cls, path: str | Path) -> TrainSpec:
         raw = json.loads(Path(path).read_text())
-        return cls(run_dir=Path(raw["run_dir"]), data=Path(raw["data"]), model=GPTConfig(**raw["model"]),
-                   train=raw["train"], checkpoint=raw["checkpoint"], config_sha256=raw["config_sha256"],
-                   backend=raw.get("backend", "auto"), threads=raw.get("threads", 1),
-                   parent=raw.get("parent"), world_size=raw.get("world_size"),
-                   cancel_grace_s=raw.get("cancel_grace_s", 25.0))
+        parent = raw.get("parent")
+        return cls(paths=TrainerPaths.from_dict(raw["paths"]), data=Path(raw["data"]),
+                   model=GPTConfig(**raw["model"]), train=_typed(TrainSettings, raw["train"], "train"),
+                   checkpoint=_typed(CheckpointSettings, raw["checkpoint"], "checkpoint"),
+                   config_sha256=raw["config_sha256"], backend=raw.get("backend", "auto"),
+                   threads=raw.get("threads", 1),
+                   parent=Parent(parent["uri"], Path(parent["weights"])) if parent else None,
+                   world_size=raw.get("world_size"), cancel_grace_s=raw.get("cancel_grace_s", 25.0))
 
     @property
     def checkpoints(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.paths.checkpoints
 
     @property
     def export_dir(self) -> Path:
-        return self.run_dir / "model"
+        return self.paths.export

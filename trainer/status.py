@@ -9,36 +9,51 @@ from __future__ import annotations
 
 import json
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from trainer.fsio import utc_now, write_json_atomic
+from trainer.paths import TrainerPaths
 
-STATES = ("pending", "initializing", "running", "checkpointing", "succeeded", "failed",
-          "canceling", "canceled")
+
+class State(StrEnum):
+    """``status.json``'s ``state``: the trainer's lifecycle, as every reader of the file names it."""
+
+    PENDING = "pending"
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    CHECKPOINTING = "checkpointing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELING = "canceling"
+    CANCELED = "canceled"
+
+
+DONE = (State.SUCCEEDED, State.FAILED, State.CANCELED)  # the trainer will write nothing more
 
 
 class StatusWriter:
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool, every_s: float = 5.0) -> None:
-        self.path = run_dir / "status.json"
-        self.metrics = run_dir / "metrics.jsonl"
+    def __init__(self, paths: TrainerPaths, total_steps: int, enabled: bool, every_s: float = 5.0) -> None:
+        self.path = paths.status
+        self.metrics = paths.metrics
         self.enabled = enabled
         self.every_s = every_s
         self._last = 0.0
         self.fields: dict[str, Any] = {
-            "state": "pending", "step": 0, "total_steps": total_steps, "tokens_seen": 0,
+            "state": State.PENDING, "step": 0, "total_steps": total_steps, "tokens_seen": 0,
             "loss": None, "tokens_per_s": None, "mfu": None, "heartbeat_at": None,
             "last_checkpoint": None, "restarts": 0, "error": None,
-            # beyond DESIGN's fields: health at a glance
+            # beyond the status contract (docs/architecture.md): health at a glance
             "slow_ranks": [], "skipped_steps": 0,
         }
         if enabled and self.path.exists():
             previous = json.loads(self.path.read_text())
             self.fields["restarts"] = int(previous.get("restarts", 0)) + (
-                previous.get("state") not in (None, "pending"))
+                previous.get("state") not in (None, State.PENDING))
 
     def update(self, force: bool = False, **fields: Any) -> None:
-        if "state" in fields and fields["state"] not in STATES:
+        if "state" in fields and fields["state"] not in State.__members__.values():
             raise ValueError(f"unknown state {fields['state']!r}")
         self.fields.update(fields)
         now = time.monotonic()
@@ -53,11 +68,11 @@ class StatusWriter:
                 fh.write(json.dumps({"time": utc_now(), **record}) + "\n")
 
 
-def record_failure(run_dir: Path, error: str) -> None:
-    """Any rank, about to die without rank 0's help (watchdog): mark the run failed with ``error``."""
-    path = run_dir / "status.json"
+def record_failure(path: Path, error: str) -> None:
+    """Any rank, about to die without rank 0's help (watchdog): mark the run failed with ``error``
+    in the status file at ``path``."""
     try:
         fields = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         fields = {}
-    write_json_atomic(path, {**fields, "state": "failed", "error": error, "heartbeat_at": utc_now()})
+    write_json_atomic(path, {**fields, "state": State.FAILED, "error": error, "heartbeat_at": utc_now()})

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from pipelines.config import ConfigError, RunConfig, check_label
+from pipelines.errors import BadInput
 
 CONTAINER = "trainer"
 APP_LABELS = {"app.kubernetes.io/name": "taxiway-trainer", "app.kubernetes.io/part-of": "taxiway"}
@@ -84,7 +85,7 @@ def names(run_id: str, try_number: int) -> tuple[str, str]:
     name here carries that prefix and the operator is given the rest.
     """
     if try_number < 1:
-        raise ValueError(f"try_number must be >= 1, got {try_number}")
+        raise BadInput(f"try_number must be >= 1, got {try_number}")
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:_SLUG_MAX].strip("-") or "run"
     base = f"{slug}-{_digest(run_id)}"
     return f"job-{base}-t{try_number}", f"tw-{base}"
@@ -103,11 +104,11 @@ def render(cfg: RunConfig, *, run_id: str, try_number: int, command: list[str]) 
         raise ConfigError(missing)
     job_name, service_name = names(run_id, try_number)
     if len(f"{job_name}-{c.nodes - 1}") > 63:
-        raise ValueError(f"pod hostname {job_name}-{c.nodes - 1} exceeds 63 characters")
+        raise BadInput(f"pod hostname {job_name}-{c.nodes - 1} exceeds 63 characters")
     labels = {**k.labels, **APP_LABELS, GANG_LABEL: service_name, RUN_LABEL: label_value(run_id)}
     for key, value in labels.items():
         if why := check_label(key, value):
-            raise ValueError(why)
+            raise BadInput(why)
     try_labels = {**labels, TRY_LABEL: str(try_number)}
     annotations = {RUN_ANNOTATION: run_id}
 

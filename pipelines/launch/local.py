@@ -23,11 +23,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipelines import atomic
+from pipelines.errors import CheckFailed, Transient
 from pipelines.launch.spec import LaunchSpec
+from pipelines.run_folder import RunFolder, State
 from trainer.fsio import utc_now
 
-RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+RUNNING, SUCCEEDED, FAILED = State.RUNNING, State.SUCCEEDED, State.FAILED
 MARKER = "TAXIWAY_GANG"
+
+
+class GangFailed(Transient):
+    """A node failed or vanished; a relaunch resumes from the newest valid checkpoint."""
+
+
+class GangTimedOut(CheckFailed):
+    """The gang ran past ``compute.timeout_s``: a budget, not retried."""
+
+
 GRACE_ENV = "TAXIWAY_CANCEL_GRACE_S"  # read by each node: SIGKILL the gang this long after a cancel
 UNWATCHED_ENV = "TAXIWAY_UNWATCHED_S"  # read by each node: cancel itself when no watcher polled this long
 LEASE_ENV = "TAXIWAY_LEASE"
@@ -68,14 +80,14 @@ class GangState:
 
 
 def handle_path(run_dir: Path) -> Path:
-    return run_dir / "train" / "gang.json"
+    return RunFolder(run_dir).gang
 
 
 def lease_path(run_dir: Path) -> Path:
     """Touched by every ``poll``: its age tells the nodes how long nobody has watched the gang.
     Its text says who watches: ``handoff`` while one watcher hands the gang to the next (an Airflow
     task deferring to its trigger), ``watched`` otherwise."""
-    return run_dir / "train" / "gang.lease"
+    return RunFolder(run_dir).gang_lease
 
 
 HANDOFF, WATCHED = "handoff", "watched"
@@ -84,11 +96,11 @@ HANDOFF, WATCHED = "handoff", "watched"
 def hand_over(handle: Handle) -> None:
     """The current watcher is leaving; the next must ``take_over`` within half the cancel grace, or
     the nodes cancel themselves (a cancel landing in between would otherwise reach nobody)."""
-    atomic.write_text(lease_path(handle.path.parent.parent), HANDOFF)
+    atomic.write_text(RunFolder.of_gang(handle.path).gang_lease, HANDOFF)
 
 
 def take_over(handle: Handle) -> None:
-    atomic.write_text(lease_path(handle.path.parent.parent), WATCHED)
+    atomic.write_text(RunFolder.of_gang(handle.path).gang_lease, WATCHED)
 
 
 def free_port() -> int:
@@ -116,7 +128,7 @@ def submit(spec: LaunchSpec) -> Handle:
         cleanup(previous, spec.cancel_grace_s)  # a canceled gang may still be saving its checkpoint
         attempt = previous.attempt + 1
     gang_id = f"{spec.run_dir.name}-{attempt}-{os.getpid()}-{time.time_ns()}"
-    attempt_dir = spec.run_dir / "train" / "logs" / f"attempt-{attempt}"
+    attempt_dir = RunFolder(spec.run_dir).attempt_logs(attempt)
     attempt_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, **spec.env, MARKER: gang_id, "OMP_NUM_THREADS": str(spec.threads_per_proc),
@@ -159,7 +171,7 @@ def poll(handle: Handle) -> GangState:
     """Succeeded when every node exited 0; failed as soon as one node failed or vanished.
     Renews the watch lease: a gang that nobody polls stops itself (``compute.unwatched_timeout_s``)."""
     try:
-        lease_path(handle.path.parent.parent).touch()
+        RunFolder.of_gang(handle.path).gang_lease.touch()
     except FileNotFoundError:  # the run folder is gone
         pass
     states = [(n, *_node_state(n)) for n in handle.nodes]
@@ -209,7 +221,7 @@ USER, CLEANUP = "user", "cleanup"  # why a gang was canceled: a user's action, o
 
 
 def _cancel_marker(handle: Handle) -> Path:
-    return handle.path.with_name("gang.canceled")
+    return RunFolder.of_gang(handle.path).gang_canceled
 
 
 def cancel_reason(handle: Handle) -> str | None:
@@ -271,11 +283,11 @@ def run(spec: LaunchSpec, poll_s: float = 1.0, on_poll: Callable[[], None] | Non
     try:
         while (state := poll(handle)).state == RUNNING:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"training gang exceeded compute.timeout_s={spec.timeout_s}")
+                raise GangTimedOut(f"training gang exceeded compute.timeout_s={spec.timeout_s}")
             if on_poll:
                 on_poll()
             time.sleep(poll_s)
         if state.state == FAILED:
-            raise RuntimeError(state.detail)
+            raise GangFailed(state.detail)
     finally:
         cleanup(handle)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipelines import atomic
 from pipelines.config import RunConfig
+from pipelines.run_folder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,14 @@ class LaunchSpec:
         return ["-m", "trainer", "--spec", str(self.trainer_spec)]
 
 
-def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weights: Path | None = None) -> Path:
-    """Translate the RunConfig into the trainer's own contract (``trainer.spec.TrainSpec``)."""
+def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weights: Path | None = None,
+                       smoke: bool = False) -> Path:
+    """Translate the RunConfig into the trainer's own contract (``trainer.spec.TrainSpec``); the
+    smoke test's spec names its own output folder."""
+    folder = RunFolder(run_dir)
     packed_manifest = json.loads((packed / "manifest.json").read_text())
     spec = {
-        "run_dir": str(run_dir),
+        "paths": (folder.smoke_trainer if smoke else folder.trainer).to_dict(),
         "data": str(packed),
         "model": {**cfg.model.model_dump(), "vocab_size": packed_manifest["vocab_size"]},
         "train": cfg.train.model_dump(),
@@ -43,7 +47,7 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
         "cancel_grace_s": max(1.0, cfg.compute.cancel_grace_s - 5.0),
     }
-    return atomic.write_json(run_dir / "train" / "spec.json", spec)
+    return atomic.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
 
 
 def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec:

@@ -11,7 +11,6 @@ or writing a checkpoint, steps legitimately pause, so there a fresh heartbeat al
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -19,17 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.launch import local
+from pipelines.run_folder import DONE, RunFolder, State
 
 STALLED, TIMED_OUT = "stalled", "timed_out"
-_BUSY_WITHOUT_STEPS = ("initializing", "checkpointing")
-_DONE = ("succeeded", "failed", "canceled")
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+_BUSY_WITHOUT_STEPS = (State.INITIALIZING, State.CHECKPOINTING)
 
 
 def _epoch(iso: str | None) -> float:
@@ -54,7 +46,7 @@ class Watch:
         handle = local.Handle.load(Path(self.gang_json))
         gang = local.poll(handle)
         started = _epoch(handle.started_at)
-        status = read_status(handle.path.parent.parent)
+        status = RunFolder.of_gang(handle.path).read_status()
         heartbeat = _epoch(status.get("heartbeat_at"))
         fresh = heartbeat >= started
         if not self.moved_at:
@@ -72,7 +64,7 @@ class Watch:
             return {**out, "state": TIMED_OUT, "detail": "training gang exceeded compute.timeout_s"}
         # Before this attempt's first sign, and once the trainer says it is done and only has to
         # exit, the longer startup budget applies; in between, the stall budget.
-        steady = self.seen and status.get("state") not in _DONE
+        steady = self.seen and status.get("state") not in DONE
         limit, what = ((self.stall_timeout_s, "compute.stall_timeout_s") if steady else
                        (self.startup_timeout_s, "compute.startup_timeout_s"))
         if now - last_sign > limit:

@@ -19,6 +19,7 @@ from pipelines.preflight.duplicates import check_duplicates
 from pipelines.preflight.manifest_check import check_manifest
 from pipelines.preflight.overlap import check_overlap
 from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
+from pipelines.run_folder import RunFolder
 
 log = logging.getLogger("taxiway.preflight")
 
@@ -26,26 +27,21 @@ CHECKS: dict[str, Callable[[RunConfig, Path], CheckResult]] = {
     "manifest": lambda cfg, run_dir: check_manifest(cfg),
     "documents": lambda cfg, run_dir: check_documents(cfg),
     "duplicates": lambda cfg, run_dir: check_duplicates(cfg),
-    "overlap": lambda cfg, run_dir: check_overlap(cfg, folder(run_dir) / "overlap.png"),
+    "overlap": lambda cfg, run_dir: check_overlap(cfg, RunFolder(run_dir).overlap_plot),
 }
 assert tuple(CHECKS) == CHECK_NAMES
 
 
-def folder(run_dir: Path) -> Path:
-    return Path(run_dir) / "preflight"
-
-
 def run_check(name: str, cfg: RunConfig, run_dir: Path) -> CheckResult:
     result = CHECKS[name](cfg, Path(run_dir))
-    result.save(folder(run_dir) / "checks")
+    atomic.write_json(RunFolder(run_dir).preflight_check(name), result.to_json())
     return result
 
 
 def _load(run_dir: Path) -> dict[str, CheckResult]:
-    checks_dir = folder(run_dir) / "checks"
     out = {}
     for name in CHECKS:
-        path = checks_dir / f"{name}.json"
+        path = RunFolder(run_dir).preflight_check(name)
         out[name] = (CheckResult.load(path) if path.exists()
                      else CheckResult(name, False, "check did not run (it raised; see its log)", {}))
     return out
@@ -85,15 +81,16 @@ def gate(cfg: RunConfig, run_dir: Path) -> Report:
     results = _load(run_dir)
     cleaned = _decontaminate(cfg, run_dir, results)
     report = assemble(list(results.values()), decontamination=cleaned)
-    atomic.write_json(folder(run_dir) / "report.json", report.to_json())
-    atomic.write_text(folder(run_dir) / "report.md", report.markdown())
+    folder = RunFolder(run_dir)
+    atomic.write_json(folder.preflight_report, report.to_json())
+    atomic.write_text(folder.preflight_summary, report.markdown())
     return report
 
 
 def run(cfg: RunConfig, run_dir: Path) -> Report:
     """All checks, then the gate. Results of an earlier attempt are removed first."""
-    base = folder(run_dir)
-    for stale in [*(base / "checks").glob("*.json"), base / "report.json", base / "effective.json"]:
+    folder = RunFolder(run_dir)
+    for stale in [*map(folder.preflight_check, CHECKS), folder.preflight_report, folder.effective_data]:
         stale.unlink(missing_ok=True)
     for name in CHECKS:
         result = run_check(name, cfg, run_dir)

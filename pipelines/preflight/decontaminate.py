@@ -17,11 +17,9 @@ from pathlib import Path, PurePosixPath
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import file_format, records, split_files
+from pipelines.errors import BadInput, CheckFailed
 from pipelines.preflight.overlap import file_key, record_key
-
-
-def clean_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "preflight" / "clean"
+from pipelines.run_folder import RunFolder
 
 
 def _filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
@@ -54,13 +52,13 @@ def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
     root = manifest.root_of(cfg.data.manifest)
     val_root = storage.locate(cfg.data.val)
     if not root.local or not os.path.isdir(val_root.path):
-        raise ValueError("preflight.action=decontaminate needs local data with data.val a folder "
+        raise BadInput("preflight.action=decontaminate needs local data with data.val a folder "
                          f"(got data.val={cfg.data.val!r})")
     try:
         val_rel = storage.relative(val_root, root)
     except ValueError:
-        raise ValueError(f"data.val {cfg.data.val} is not under the manifest's folder {root.path}") from None
-    final = clean_dir(run_dir)
+        raise BadInput(f"data.val {cfg.data.val} is not under the manifest's folder {root.path}") from None
+    final = RunFolder(run_dir).clean_data
     shutil.rmtree(final, ignore_errors=True)
     entries, dropped = [], []
     with atomic.staged_dir(final) as stage:
@@ -82,16 +80,16 @@ def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
         manifest.write(stage / "manifest.jsonl", entries)
         atomic.write_json(stage / "dropped.json", {"documents": sorted(drop), "files": dropped})
     if not any(e.split == "val" for e in entries):
-        raise ValueError("decontamination would leave the val split empty")
+        raise CheckFailed("decontamination would leave the val split empty")
     effective = {"val": str(final / PurePosixPath(val_rel)), "manifest": str(final / "manifest.jsonl"),
                  "dropped_documents": len(drop)}
-    atomic.write_json(Path(run_dir) / "preflight" / "effective.json", effective)
+    atomic.write_json(RunFolder(run_dir).effective_data, effective)
     return effective
 
 
 def effective_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
     """The config later stages use: the decontaminated val split when there is one."""
-    path = Path(run_dir) / "preflight" / "effective.json"
+    path = RunFolder(run_dir).effective_data
     if not path.exists():
         return cfg
     eff = json.loads(path.read_text())

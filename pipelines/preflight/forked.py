@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from pipelines.errors import Transient
+
 T = TypeVar("T")
 R = TypeVar("R")
 _DONE = "done"
@@ -44,7 +46,7 @@ class _Counter:
     def claim(self) -> int | None:
         lock = self.value.get_lock()
         if not lock.acquire(timeout=60):  # held for microseconds; a process killed inside holds it forever
-            raise RuntimeError("a worker process died holding the shared job counter")
+            raise Transient("a worker process died holding the shared job counter")
         try:
             i = self.value.value
             if i >= self.total:
@@ -113,7 +115,7 @@ def _collect(children: dict[int, Connection], block: bool) -> Iterator[tuple[int
             except EOFError:
                 _, status = os.waitpid(pid, 0)
                 del children[pid]
-                raise RuntimeError(f"worker process {pid} died without a result ({_describe(status)})") from None
+                raise Transient(f"worker process {pid} died without a result ({_describe(status)})") from None
             if isinstance(msg, _Failed):
                 raise msg.exc
             if isinstance(msg, str):  # _DONE

@@ -39,7 +39,7 @@ _MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype
 
 def _lower(arr: np.ndarray) -> np.ndarray:
     """ASCII-lower-cased bytes. Comparisons and adds (SIMD) instead of a 256-entry lookup
-    table, which numpy runs as a gather at a fifth of the speed; ``- 65`` wraps, so one
+    table, which numpy runs as a gather (one indexed load per byte instead of SIMD compares); ``- 65`` wraps, so one
     comparison tests the range."""
     return arr + ((arr - 65) < 26) * np.uint8(32)
 
@@ -68,7 +68,7 @@ def batch_shingles(texts: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray]:
     # every document is preceded by a NUL (not a word byte) and 8 NULs pad the end
     arr = _lower(np.frombuffer(b"\x00" + b"\x00".join(texts) + b"\x00" * 8, dtype=np.uint8))
     word = _word_bytes(arr)
-    edges = np.flatnonzero(word[1:] != word[:-1]) + 1  # boolean compare: 3x np.diff on int8
+    edges = np.flatnonzero(word[1:] != word[:-1]) + 1  # one boolean compare pass instead of np.diff on int8 plus a compare
     if not len(edges):
         return np.empty(0, np.uint32), np.empty(0, np.int64)
     starts, ends = edges[0::2], edges[1::2]  # word starts and ends alternate; the padding ends the last

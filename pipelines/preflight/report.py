@@ -12,8 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines import atomic
-
 SCHEMA_VERSION = 1
 CHECK_NAMES = ("manifest", "documents", "duplicates", "overlap")  # one Airflow task each
 
@@ -29,8 +27,8 @@ class CheckResult:
     message: str
     details: dict[str, Any] = field(default_factory=dict)
 
-    def save(self, folder: Path) -> Path:
-        return atomic.write_json(folder / f"{self.name}.json", asdict(self))
+    def to_json(self) -> dict:
+        return asdict(self)
 
     @classmethod
     def load(cls, path: Path) -> CheckResult:

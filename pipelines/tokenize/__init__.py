@@ -25,7 +25,8 @@ import numpy as np
 from pipelines import atomic, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
-from pipelines.paths import cache_dir
+from pipelines.errors import BadInput
+from pipelines.run_folder import Cache, RunFolder, cache_dir
 from pipelines.tokenize import allocator, bpe, engine
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
@@ -62,7 +63,7 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
         return Path(cfg.tokenizer.path)
     material = [FORMAT_VERSION, cfg.tokenizer.model_dump(mode="json"), cfg.data.format,
                 sorted((f.path, f.sha256) for f in train)]
-    folder = cache_dir() / "tokenizers" / hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    folder = Cache(cache_dir()).tokenizer(hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32])
     if not (folder / "tokenizer.json").is_file():
         texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
         with atomic.staged_dir(folder) as stage:
@@ -85,14 +86,14 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
     key = hashlib.sha256(json.dumps([
         FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
         {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()}]).encode()).hexdigest()[:32]
-    final = cache_dir() / "packed" / key
+    final = Cache(cache_dir()).packed(key)
     hit = (final / "manifest.json").is_file()
     if not hit:
         with atomic.staged_dir(final) as stage:
             _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started)
     packed = Packed(final, key, hit)
     if run_dir is not None:
-        atomic.write_json(Path(run_dir) / "tokenize" / "packed.json",
+        atomic.write_json(RunFolder(run_dir).packed_link,
                           {"path": str(final), "key": key, "cache_hit": hit,
                            "seconds": round(time.perf_counter() - started, 3)})
     return packed
@@ -109,7 +110,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         writer = SplitWriter(out / split, cfg.pack.seq_len, dtype, cfg.pack.shard_tokens)
         lengths = []
         for group in split_groups_:
-            stream = tokenize_group(group, encode, tok_sha, eos, dtype, cfg.data.format, cache_dir())
+            stream = tokenize_group(group, encode, tok_sha, eos, dtype, cfg.data.format, Cache(cache_dir()))
             writer.add_stream(stream.tokens, stream.starts)
             allocator.trim()
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
@@ -118,7 +119,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         splits[split] = writer.close()
         doc_tokens[split] = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
     if splits["val"]["windows"] == 0:
-        raise ValueError(f"validation split packs into no window of {cfg.pack.seq_len + 1} tokens "
+        raise BadInput(f"validation split packs into no window of {cfg.pack.seq_len + 1} tokens "
                          "(too little val text for pack.seq_len)")
     seconds = time.perf_counter() - started
     tokens = sum(s["tokens"] for s in splits.values())

@@ -2,9 +2,9 @@
 
 The Rust tokenizer encodes each batch on its own thread pool; every thread gets a glibc malloc
 arena, and freed batch buffers stay mapped in those arenas, so resident memory creeps up with the
-number of batches (``bench/tokenize_bench.py``: peak RSS 1.58x from the 1x to the 10x corpus).
+number of batches (``bench/tokenize_bench.py`` measures peak RSS on the 1x and the 10x corpus).
 Capping the arenas and returning freed memory above 1 MiB to the kernel keeps the peak set by one
-batch, not by the corpus (1.07x). glibc only; elsewhere this is a no-op.
+batch, not by the corpus. glibc only; elsewhere this is a no-op.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.config import TokenizerConfig
+from pipelines.errors import BadInput
 
 
-class TokenizerError(ValueError):
+class TokenizerError(BadInput):
     """A tokenizer that cannot be used for this run."""
 
 

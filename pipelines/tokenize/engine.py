@@ -1,8 +1,8 @@
 """Batch encoders for a tokenizer: tiktoken's BPE when it gives the very same ids, else HF's.
 
 HF ``tokenizers`` builds a full ``Encoding`` per document (token strings, offsets, masks) that
-packing throws away; tiktoken returns the ids only and runs the same byte-level BPE about 3.5x
-faster (``bench/tokenize_bench.py``). The two agree when the tokenizer is a plain byte-level BPE
+packing throws away; tiktoken returns the ids only and runs the same byte-level BPE faster
+(``bench/tokenize_bench.py``; figures in docs/benchmarks.md). The two agree when the tokenizer is a plain byte-level BPE
 — no normalizer, the GPT-2 split pattern without a prefix space, no dropout, no subword
 prefixes or suffixes, no byte fallback — whose merged tokens are numbered in merge order: then
 "merge the adjacent pair with the lowest merge rank" (HF) and "merge the adjacent pair whose

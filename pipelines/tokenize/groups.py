@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from pipelines import atomic, storage
 from pipelines.documents import read_documents
+from pipelines.run_folder import Cache
 from pipelines.tokenize.engine import Encode
 
 FORMAT_VERSION = 2  # 2: special-token text inside documents is encoded as text
@@ -69,8 +69,8 @@ def _encode(texts: list[str], encode: Encode, eos: int, dtype: np.dtype) -> tupl
 
 
 def tokenize_group(group: list[FileRef], encode: Encode, tokenizer_sha256: str, eos: int, dtype: np.dtype,
-                   data_format: str | None, cache_root: Path) -> Stream:
-    folder = cache_root / "tokens" / group_key(group, tokenizer_sha256, data_format, dtype)
+                   data_format: str | None, cache: Cache) -> Stream:
+    folder = cache.tokens(group_key(group, tokenizer_sha256, data_format, dtype))
     if (folder / "meta.json").is_file():
         meta = json.loads((folder / "meta.json").read_text())
         return Stream(np.load(folder / "tokens.npy"), np.load(folder / "starts.npy"),

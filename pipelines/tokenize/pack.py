@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from pipelines.errors import BadInput
 from pipelines.manifest import sha256_file
 
 
@@ -21,9 +22,9 @@ def dtype_for(vocab_size: int, declared: str = "auto") -> np.dtype:
     """``uint16`` when the vocabulary fits, else ``uint32``; a declared dtype that is too small is an error."""
     fits16 = vocab_size <= np.iinfo(np.uint16).max + 1
     if declared == "uint16" and not fits16:
-        raise ValueError(f"pack.dtype: vocabulary of {vocab_size} tokens does not fit uint16 (max 65536)")
+        raise BadInput(f"pack.dtype: vocabulary of {vocab_size} tokens does not fit uint16 (max 65536)")
     if vocab_size > np.iinfo(np.uint32).max + 1:
-        raise ValueError(f"vocabulary of {vocab_size} tokens does not fit uint32")
+        raise BadInput(f"vocabulary of {vocab_size} tokens does not fit uint32")
     if declared == "auto":
         return np.dtype(np.uint16 if fits16 else np.uint32)
     return np.dtype(declared)

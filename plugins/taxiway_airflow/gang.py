@@ -22,8 +22,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
+from pipelines.errors import BadInput
+from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.triggers import GangTrigger
 
 log = logging.getLogger("taxiway")
@@ -48,14 +50,15 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     # ResumableJobMixin: submit / status / reconnect -------------------------------------------
     def execute(self, context: Any) -> Any:
-        return self.execute_resumable(context)
+        with failure_kinds():
+            return self.execute_resumable(context)
 
     def submit_job(self, context: Any) -> str:
         from pipelines import stages
 
         cfg = self._config()
         if cfg.compute.launcher != "local":
-            raise AirflowFailException(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
+            raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                                        "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
         handle = stages.launch_gang(cfg, _run_dir(self.run))
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
@@ -84,7 +87,8 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         """Confirm the launch here (a gang that dies at start fails this try at once), then defer:
         the trigger watches the gang until it ends, so a cancel always finds one of the two."""
         from pipelines.launch import local
-        from pipelines.launch.watch import Watch, read_status
+        from pipelines.launch.watch import Watch
+        from pipelines.run_folder import RunFolder
 
         handle = local.Handle.load(Path(external_id))
         cfg = self._config()
@@ -92,7 +96,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         deadline = time.monotonic() + self.launch_confirm_s
 
         def started_up() -> bool:
-            heartbeat = read_status(_run_dir(self.run)).get("heartbeat_at")
+            heartbeat = RunFolder(_run_dir(self.run)).read_status().get("heartbeat_at")
             return bool(heartbeat) and datetime.fromisoformat(heartbeat).timestamp() >= started
 
         while local.poll(handle).state == local.RUNNING and time.monotonic() < deadline and not started_up():
@@ -116,6 +120,10 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """The trigger fires once, when the gang has ended; anything but success was already stopped."""
+        with failure_kinds():
+            return self._complete(context, event)
+
+    def _complete(self, context: Any, event: dict[str, Any]) -> Any:
         from pipelines.launch import local
 
         gang_json = event["watch"]["gang_json"]
@@ -136,8 +144,8 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
                   attempt, event["state"], event["detail"])
         if event["state"] == "timed_out":
-            raise AirflowFailException(event["detail"])
-        raise AirflowException(f"training gang {event['state']}: {event['detail']}")
+            raise local.GangTimedOut(event["detail"])
+        raise local.GangFailed(f"training gang {event['state']}: {event['detail']}")
 
     @staticmethod
     def _cancel_unless_running(context: Any, handle: Any) -> None:

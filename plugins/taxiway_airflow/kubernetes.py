@@ -52,6 +52,7 @@ def render_for_run(run: dict[str, Any], run_id: str, try_number: int):
     from pipelines import stages
     from pipelines.launch import k8s
     from pipelines.launch.spec import launch_spec
+    from pipelines.run_folder import RunFolder
 
     run_dir = Path(run["run_dir"])
     cfg = stages.load_run_config(run_dir)
@@ -64,7 +65,7 @@ def render_for_run(run: dict[str, Any], run_id: str, try_number: int):
         raise AirflowFailException(
             f"run folder {run_dir} is not under compute.kubernetes.mount_path ({k.mount_path}): the pods "
             "would not find it; mount the volume there on the Airflow workers and set TAXIWAY_HOME to it")
-    command = launch_spec(cfg, run_dir, run_dir / "train" / "spec.json").trainer_args()
+    command = launch_spec(cfg, run_dir, RunFolder(run_dir).trainer_spec).trainer_args()
     return cfg, k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)
 
 
@@ -117,7 +118,7 @@ def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
     from pipelines import stages
 
     cfg, gang = render_for_run(run, run_id, 1)
-    stages._trainer_spec(cfg, Path(run["run_dir"]))
+    stages.trainer_spec(cfg, Path(run["run_dir"]))
     hook = _hook(cfg.compute.kubernetes.connection_id)
     try:
         hook.core_v1_client.create_namespaced_service(gang.namespace, gang.service)

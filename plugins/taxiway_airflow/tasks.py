@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
+
+from pipelines.errors import CheckFailed
+from taxiway_airflow.failures import RETRY, translated
 
 log = logging.getLogger("taxiway")
 
@@ -26,34 +28,33 @@ def _field(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-@task(retries=0)
+@task(retries=2, **RETRY)
+@translated
 def resolve_config() -> dict[str, Any]:
     """Config file + conf overlay + ``set`` → validated RunConfig in ``<run>/config.yaml``.
 
-    A bad config fails here, naming each bad field, before any stage runs (and never retries).
+    A bad config fails here, naming each bad field, before any stage runs (bad input: never retried).
     """
-    from pipelines import paths, stages
-    from pipelines.config import ConfigError, load_config
-    from pipelines.roots import DATA_FIELDS, OutOfBounds, Roots
+    from pipelines import run_folder, stages
+    from pipelines.config import load_config
+    from pipelines.roots import DATA_FIELDS, Roots
     from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
 
     ctx = get_current_context()
     conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
     roots = Roots.from_env()
-    try:
-        check_conf(conf)
-        path = roots.config_file(conf.get("config") or default_config_path())
-        cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
-        roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
-    except (ConfigError, OutOfBounds) as exc:
-        raise AirflowFailException(str(exc)) from None
-    run_dir = paths.run_dir(ctx["run_id"])
+    check_conf(conf)
+    path = roots.config_file(conf.get("config") or default_config_path())
+    cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
+    roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    run_dir = run_folder.run_dir(ctx["run_id"])
     stages.prepare(cfg, run_dir)
     log.info("run folder %s, config sha256 %s", run_dir, cfg.sha256())
     return {"run_dir": str(run_dir), "config_sha256": cfg.sha256(), "name": cfg.name}
 
 
-@task(retries=0)
+@task(retries=2, **RETRY)
+@translated
 def preflight_check(check: str, run: dict[str, Any]) -> dict[str, Any]:
     """One preflight check, so the UI shows which one failed; the gate still sees every result."""
     from pipelines import preflight, stages
@@ -62,11 +63,12 @@ def preflight_check(check: str, run: dict[str, Any]) -> dict[str, Any]:
     result = preflight.run_check(check, stages.load_run_config(run_dir), run_dir)
     log.info("[%s] %s: %s", "ok" if result.passed else "FAIL", check, result.message)
     if not result.passed:
-        raise AirflowFailException(f"preflight check '{check}' failed: {result.message}")
+        raise CheckFailed(f"preflight check '{check}' failed: {result.message}")
     return {"passed": result.passed, "message": result.message}
 
 
-@task(retries=0, trigger_rule="all_done_min_one_success")
+@task(retries=2, **RETRY, trigger_rule="all_done_min_one_success")
+@translated
 def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
     """Fold the check results into ``preflight/report.json``; fail the run if any check failed."""
     from pipelines import preflight, stages
@@ -75,11 +77,12 @@ def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
     report = preflight.gate(stages.load_run_config(run_dir), run_dir)
     log.info("%s", report.summary())
     if not report.passed:
-        raise AirflowFailException(report.summary())
+        raise CheckFailed(report.summary())
     return {"passed": True}
 
 
-@task(retries=1)
+@task(retries=2, **RETRY)
+@translated
 def tokenize(run: dict[str, Any]) -> dict[str, Any]:
     from pipelines import stages
 
@@ -91,7 +94,8 @@ def tokenize(run: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(packed.path), "key": packed.key, "cache_hit": packed.cache_hit}
 
 
-@task(retries=0)
+@task(retries=2, **RETRY)
+@translated
 def smoke(run: dict[str, Any]) -> dict[str, Any]:
     """One process, a few steps, save, resume: fails in seconds before the gang is scheduled."""
     from pipelines import stages
@@ -102,7 +106,8 @@ def smoke(run: dict[str, Any]) -> dict[str, Any]:
     return {"loss": result["loss"]}
 
 
-@task(retries=1)
+@task(retries=2, **RETRY)
+@translated
 def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     from pipelines import stages
 
@@ -112,7 +117,8 @@ def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     return {"passed": report["passed"], "improvement_bpb": report["improvement_bpb"]}
 
 
-@task(retries=2)
+@task(retries=2, **RETRY)
+@translated
 def register(run: dict[str, Any]) -> dict[str, Any]:
     """Idempotent per Airflow run: a retry reuses the MLflow run and model version it made."""
     from pipelines import stages

@@ -1,0 +1,255 @@
+"""The run folder and the cache as code: every path a stage reads or writes in them is named here.
+
+Stages, launchers, the CLI and the Airflow glue ask ``RunFolder(run_dir)`` for a path instead of
+joining strings, so the layout below is the whole contract (``docs/architecture.md`` shows it)::
+
+    <run>/
+      config.yaml, config.sha256     the RunConfig the run is (its identity)
+      preflight/                     report.json, report.md, overlap.png, checks/<check>.json,
+                                     clean/ (decontaminated val split), effective.json
+      tokenize/packed.json           link to the packed dataset in the cache
+      parent/                        the parent model's weights when training continues one
+      train/                         spec.json (the trainer's input), gang.json (gang handle),
+                                     gang.lease, gang.canceled, logs/attempt-N/, smoke/,
+                                     metrics.shipped.json, scratch of the trainer (stack dumps)
+      checkpoints/step-NNNNNNNN/     written by the trainer (see trainer/checkpoint.py)
+      status.json, metrics.jsonl, events.jsonl    the trainer's status, curve and event log
+      model/                         the exported model (weights + tokenizer files)
+      eval/                          report.json, plots, baseline/ (the downloaded baseline)
+      registry.json                  what registration made (MLflow run, model version, alias)
+
+    <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/
+
+Trainer states are the trainer's own contract (``trainer.status.State``), re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trainer.paths import TrainerPaths
+from trainer.status import DONE, State
+
+__all__ = ["DONE", "Cache", "RunFolder", "State", "cache_dir", "mlflow_artifact_root", "mlflow_tracking_uri",
+           "run_dir", "runs_root", "safe_run_id", "taxiway_home"]
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """``<TAXIWAY_HOME>/runs/<run id>/`` (or any folder a CLI user names)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @classmethod
+    def of_gang(cls, gang_handle: Path) -> RunFolder:
+        """The run folder a gang handle (``gang``) lies in."""
+        return cls(Path(gang_handle).parent.parent)
+
+    # identity ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def config_sha256(self) -> Path:
+        return self.root / "config.sha256"
+
+    # preflight ---------------------------------------------------------------------------------
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight"
+
+    @property
+    def preflight_report(self) -> Path:
+        return self.preflight / "report.json"
+
+    @property
+    def preflight_summary(self) -> Path:
+        return self.preflight / "report.md"
+
+    @property
+    def overlap_plot(self) -> Path:
+        return self.preflight / "overlap.png"
+
+    @property
+    def preflight_checks(self) -> Path:
+        return self.preflight / "checks"
+
+    def preflight_check(self, name: str) -> Path:
+        return self.preflight_checks / f"{name}.json"
+
+    @property
+    def clean_data(self) -> Path:
+        return self.preflight / "clean"
+
+    @property
+    def effective_data(self) -> Path:
+        return self.preflight / "effective.json"
+
+    # tokenize, parent --------------------------------------------------------------------------
+    @property
+    def packed_link(self) -> Path:
+        return self.root / "tokenize" / "packed.json"
+
+    @property
+    def parent(self) -> Path:
+        return self.root / "parent"
+
+    # train -------------------------------------------------------------------------------------
+    @property
+    def train(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def trainer_spec(self) -> Path:
+        return self.train / "spec.json"
+
+    @property
+    def gang(self) -> Path:
+        return self.train / "gang.json"
+
+    @property
+    def gang_lease(self) -> Path:
+        return self.train / "gang.lease"
+
+    @property
+    def gang_canceled(self) -> Path:
+        return self.train / "gang.canceled"
+
+    def attempt_logs(self, attempt: int) -> Path:
+        return self.train / "logs" / f"attempt-{attempt}"
+
+    @property
+    def metrics_shipped(self) -> Path:
+        return self.train / "metrics.shipped.json"
+
+    @property
+    def smoke(self) -> Path:
+        return self.train / "smoke"
+
+    @property
+    def smoke_spec(self) -> Path:
+        return self.smoke / "spec.json"
+
+    @property
+    def trainer(self) -> TrainerPaths:
+        """Where the trainer writes (passed to it in ``spec.json``: it never builds a path itself)."""
+        return self._trainer_paths(self.root, scratch=self.train)
+
+    @property
+    def smoke_trainer(self) -> TrainerPaths:
+        """The smoke test's trainer outputs, apart from the real run's."""
+        return self._trainer_paths(self.smoke, scratch=self.smoke)
+
+    @staticmethod
+    def _trainer_paths(base: Path, scratch: Path) -> TrainerPaths:
+        return TrainerPaths(status=base / "status.json", metrics=base / "metrics.jsonl", events=base / "events.jsonl",
+                            checkpoints=base / "checkpoints", export=base / "model", scratch=scratch)
+
+    @property
+    def status(self) -> Path:
+        return self.trainer.status
+
+    def read_status(self) -> dict[str, Any]:
+        """``status.json`` as the trainer last wrote it ({} before it did; writes are atomic)."""
+        try:
+            return json.loads(self.status.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    @property
+    def metrics(self) -> Path:
+        return self.trainer.metrics
+
+    @property
+    def events(self) -> Path:
+        return self.trainer.events
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.trainer.checkpoints
+
+    @property
+    def model(self) -> Path:
+        return self.trainer.export
+
+    # evaluate, register ------------------------------------------------------------------------
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def eval_report(self) -> Path:
+        return self.eval / "report.json"
+
+    @property
+    def baseline(self) -> Path:
+        return self.eval / "baseline"
+
+    @property
+    def registry_record(self) -> Path:
+        return self.root / "registry.json"
+
+
+@dataclass(frozen=True)
+class Cache:
+    """``<TAXIWAY_HOME>/cache/``: content-addressed, shared by every run (never holds run state)."""
+
+    root: Path
+
+    def tokenizer(self, key: str) -> Path:
+        return self.root / "tokenizers" / key
+
+    def tokens(self, key: str) -> Path:
+        return self.root / "tokens" / key
+
+    def packed(self, key: str) -> Path:
+        return self.root / "packed" / key
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+
+# TAXIWAY_HOME ------------------------------------------------------------------------------------
+# <home>/runs/<run id>/, <home>/cache/, <home>/mlflow.db, <home>/mlartifacts/ (and, for `make`,
+# <home>/airflow/ and <home>/demo-data/)
+
+def taxiway_home() -> Path:
+    """``$TAXIWAY_HOME``, default ``./.taxiway``, always absolute (workers may change cwd)."""
+    return Path(os.environ.get("TAXIWAY_HOME", ".taxiway")).expanduser().resolve()
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a folder name (Airflow ids carry ``:`` and ``+``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._") or "run"
+
+
+def runs_root(home: Path | PurePosixPath | None = None) -> Path:
+    """Where run folders live: under ``home`` (default ``$TAXIWAY_HOME``; a pod's mount path)."""
+    return Path(home if home is not None else taxiway_home()) / "runs"
+
+
+def run_dir(run_id: str, home: Path | PurePosixPath | None = None) -> Path:
+    return runs_root(home) / safe_run_id(run_id)
+
+
+def cache_dir() -> Path:
+    return taxiway_home() / "cache"
+
+
+def mlflow_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else SQLite inside ``TAXIWAY_HOME``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{taxiway_home() / 'mlflow.db'}"
+
+
+def mlflow_artifact_root() -> str:
+    return (taxiway_home() / "mlartifacts").as_uri()
