@@ -14,8 +14,9 @@ from airflow.sdk import DAG, TaskGroup
 
 from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
-from taxiway_airflow.gang import CheckpointSensor, TrainGang
+from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.params import build_params
+from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 
 # Where the training gang runs is the deployment's choice, fixed when this file is parsed (a DAG's
 # shape cannot depend on a run's conf): TAXIWAY_LAUNCHER=local (default) or kubernetes.
@@ -45,7 +46,7 @@ with DAG(
 
     with TaskGroup("train") as train:
         if LAUNCHER == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
-            from taxiway_airflow.kubernetes import training_gang
+            from taxiway_airflow.operators.kubernetes import training_gang
 
             service, gang = training_gang(run, retry_delay=timedelta(seconds=10),
                                           max_retry_delay=timedelta(minutes=10))

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines import atomic, lineage
+from pipelines import atomic
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import BadInput, CheckFailed
+from pipelines.registry import lineage
 from pipelines.run_folder import RunFolder, State
 
 log = logging.getLogger("taxiway.stages")
@@ -180,7 +181,7 @@ def progress_line(run_dir: Path, elapsed_s: float) -> str | None:
         return None
     step, total = s.get("step") or 0, s.get("total_steps") or 0
     if s.get("loss") is None or s.get("tokens_per_s") is None:  # a relaunch that logged no step yet
-        from pipelines.live_metrics import last_record
+        from pipelines.registry.metrics import last_record
 
         last = last_record(run_dir)
         s = {**s, "loss": s.get("loss") or last.get("loss"), "tokens_per_s": s.get("tokens_per_s") or last.get("tokens_per_s")}
@@ -271,13 +272,27 @@ def _generations(cfg: RunConfig, model, packed: Path, device: str) -> list[dict[
 
 
 def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
-    """Log and register the model; if the champion moved since evaluation, evaluate again against it."""
+    """Log and register the model (idempotent per ``run_key``), then move ``champion`` or
+    ``challenger`` to it. This stage owns re-evaluation: when the champion moved since the model
+    was evaluated, it is evaluated again against the new champion and promotion is tried again, at
+    most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``."""
     from pipelines import registry
 
-    folder = RunFolder(run_dir)
-    _require(folder.eval_report, "evaluate")
-    result = registry.register(cfg, run_dir, run_key, airflow,
-                               reevaluate=lambda baseline: evaluate(cfg, run_dir, baseline))
+    folder, reg = RunFolder(run_dir), cfg.registry
+    report = json.loads(_require(folder.eval_report, "evaluate").read_text())
+    registered = registry.register(cfg, run_dir, run_key, report, airflow)
+    outcome = registry.promote(reg, registered.version, report)
+    for attempt in range(1, reg.max_reevaluations + 1):
+        if not isinstance(outcome, registry.ChampionMoved):
+            break
+        log.info("champion of %s is version %s, not %s as evaluated: evaluating again against it",
+                 reg.model_name, outcome.found, outcome.expected or "none (floor)")
+        report = evaluate(cfg, run_dir, outcome.baseline)
+        registry.record_reevaluation(reg, registered, run_dir, report, attempt)
+        outcome = registry.promote(reg, registered.version, report)
+    if isinstance(outcome, registry.ChampionMoved):
+        outcome = registry.set_challenger(reg, registered.version, outcome.reason)
+    result = registered.record(outcome.alias, outcome.reason)
     atomic.write_json(folder.registry_record, result)
     return result
 

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import REPO, TINY
-from pipelines.config import ConfigError, RunConfig, load_config, section_schemas
+from pipelines.config import ConfigError, RunConfig, load_config
+from taxiway_airflow.params import section_schemas
 
 
 def test_tiny_extends_demo_extends_base():

@@ -26,6 +26,10 @@ def _states(dr) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
 
 
+def _tries(dr) -> dict[str, int]:
+    return {ti.task_id: ti.try_number for ti in dr.get_task_instances()}
+
+
 def test_dag_trains_and_registers_champion(dag, home: Path):
     from mlflow import MlflowClient
 
@@ -77,7 +81,7 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     dr = dag.test(run_conf={"config": str(TINY), "set": ["train.lr=-1"]})
     states = _states(dr)
     assert str(dr.state) == "failed"
-    assert states["resolve_config"] == "failed"
+    assert states["resolve_config"] == "failed" and _tries(dr)["resolve_config"] == 1  # bad input: no retry
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
 
 
@@ -95,7 +99,62 @@ def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp
     assert states["preflight.manifest"] == "failed"
     assert states["preflight.documents"] == states["preflight.overlap"] == "success"
     assert states["preflight.gate"] == "failed"
+    assert _tries(dr)["preflight.manifest"] == _tries(dr)["preflight.gate"] == 1  # a failed check: no retry
     assert states["tokenize.pack"] == "upstream_failed"
     out = capsys.readouterr()
     tail = (out.out + out.err).splitlines()
     assert any(f"val/{victim.name}: size" in line for line in tail[-400:]), "problem not in the task log"
+
+
+def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp_path: Path, monkeypatch):
+    """MLflow's tracking server is down when registration starts: the task fails as a transient
+    failure, Airflow retries it with back-off, and it succeeds once the server is up."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+    from live_airflow import free_port, wait_for
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    server: list[subprocess.Popen] = []
+
+    def first_try_failed() -> bool:
+        with create_session() as session:
+            return session.query(TaskInstance).filter(TaskInstance.task_id == "register.model_version",
+                                                      TaskInstance.state == "up_for_retry").count() > 0
+
+    def bring_the_store_back() -> None:
+        wait_for("registration's first try to fail", first_try_failed, 600, every_s=0.5)
+        server.append(subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+             "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+             "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    watcher = threading.Thread(target=bring_the_store_back, daemon=True)
+    watcher.start()
+    try:
+        dr = dag.test(run_conf={"config": str(TINY), "eval": {"baseline": "floor"},
+                                "registry": {"retries": 1, "retry_backoff_s": 0.1}})
+        watcher.join(5)
+        assert server, "registration never failed while the store was down"
+        assert str(dr.state) == "success", _states(dr)
+        tries = _tries(dr)
+        assert tries["register.model_version"] >= 2, tries
+        assert all(n == 1 for t, n in tries.items() if t != "register.model_version"), tries
+        from pipelines.registry import client
+
+        assert client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version
+    finally:
+        for proc in server:  # the server and its workers: one process group
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -14,8 +14,7 @@ def _cases():
     from pipelines.documents import DocumentError
     from pipelines.launch.local import GangFailed, GangTimedOut
     from pipelines.manifest import ManifestError
-    from pipelines.promotion import ChampionMissing, LockTimeout
-    from pipelines.registry import ModelNotFound, RegistryUnavailable
+    from pipelines.registry import ChampionMissing, LockTimeout, ModelNotFound, RegistryUnavailable
     from pipelines.roots import OutOfBounds
     from pipelines.stages import SmokeFailed, StageInputError
     from pipelines.storage import StorageError

@@ -52,7 +52,7 @@ def _wait_step(run_dir: Path, handle: local.Handle, step: int, timeout_s: float 
 
 def test_cancel_saves_a_checkpoint_and_leaves_no_process(packed, tmp_path: Path):
     """What the trigger does when the user fails or clears the waiting task."""
-    from taxiway_airflow.triggers import GangTrigger
+    from taxiway_airflow.triggers.gang import GangTrigger
 
     run_dir = tmp_path / "cancel"
     handle = _launch(packed, run_dir)
@@ -138,7 +138,7 @@ def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed,
     from airflow.sdk.exceptions import TaskDeferred
 
     from pipelines import stages
-    from taxiway_airflow.gang import TrainGang
+    from taxiway_airflow.operators.gang import TrainGang
 
     cfg, path = packed
     run_dir = tmp_path / "reattach"
@@ -247,11 +247,11 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
 
     # Metrics went to the pipeline's MLflow run while training ran (restarts included); registration
     # completed that same run without logging a line twice.
-    from pipelines import live_metrics, registry
+    from pipelines import registry
 
-    assert live_metrics.shipped_offset(run_dir) == (run_dir / "metrics.jsonl").stat().st_size
+    assert registry.shipped_offset(run_dir) == (run_dir / "metrics.jsonl").stat().st_size
     c = registry.client()
-    runs = c.search_runs([registry._experiment_id(c, "taxiway-tiny")],
+    runs = c.search_runs([registry.runs._experiment_id(c, "taxiway-tiny")],
                          filter_string=f"tags.`{registry.RUN_KEY_TAG}` = '{dr.run_id}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.tags[registry.LIVE_TAG] == "1" and runs[0].data.tags["taxiway.restarts"] == "2"

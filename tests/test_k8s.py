@@ -292,7 +292,7 @@ def assert_contains(outer: Any, inner: Any, where: str = "") -> None:
 def test_provider_builds_the_rendered_job(nodes: int, gpus: bool, kube_connection: str):
     from kubernetes.client import ApiClient
 
-    from taxiway_airflow.kubernetes import GangJob
+    from taxiway_airflow.operators.kubernetes import GangJob
 
     cfg = config(nodes, gpus, f"compute.kubernetes.connection_id={kube_connection}")
     gang = k8s.render(cfg, run_id=RUN_ID, try_number=2, command=COMMAND)
@@ -311,7 +311,7 @@ def test_provider_builds_the_rendered_job(nodes: int, gpus: bool, kube_connectio
 
 
 def test_provider_dry_run_prints_the_pod(kube_connection: str, capsys: pytest.CaptureFixture[str]):
-    from taxiway_airflow.kubernetes import GangJob
+    from taxiway_airflow.operators.kubernetes import GangJob
 
     cfg = config(2, True, f"compute.kubernetes.connection_id={kube_connection}")
     gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
@@ -330,7 +330,7 @@ def test_trigger_round_trips_through_serialization():
     """The triggerer rebuilds the trigger from its classpath; it must be ours (it deletes the Job on kill)."""
     import importlib
 
-    from taxiway_airflow.kubernetes import GangJobTrigger
+    from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
     trigger = GangJobTrigger(job_name="job-x-t1", job_namespace="taxiway", pod_names=["job-x-t1-0-abcde"],
                              pod_namespace="taxiway", base_container_name=k8s.CONTAINER,
@@ -342,10 +342,9 @@ def test_trigger_round_trips_through_serialization():
 
 
 def test_run_folder_must_be_on_the_pods_volume(tmp_path: Path):
-    from airflow.sdk.exceptions import AirflowFailException
-
     from pipelines import stages
-    from taxiway_airflow.kubernetes import render_for_run
+    from pipelines.errors import BadInput
+    from taxiway_airflow.operators.kubernetes import render_for_run
 
     cfg = load_config(TINY, [*BASE, "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={tmp_path}"])
     stages.prepare(cfg, tmp_path / "runs" / "r1")
@@ -354,12 +353,12 @@ def test_run_folder_must_be_on_the_pods_volume(tmp_path: Path):
 
     elsewhere = load_config(TINY, [*BASE, "compute.launcher=kubernetes"])  # mount_path /taxiway
     stages.prepare(elsewhere, tmp_path / "runs" / "r2")
-    with pytest.raises(AirflowFailException, match="not under compute.kubernetes.mount_path"):
+    with pytest.raises(BadInput, match="not under compute.kubernetes.mount_path"):
         render_for_run({"run_dir": str(tmp_path / "runs" / "r2")}, "r2", 1)
 
     local = load_config(TINY, BASE)
     stages.prepare(local, tmp_path / "runs" / "r3")
-    with pytest.raises(AirflowFailException, match="compute.launcher is 'local'"):
+    with pytest.raises(BadInput, match="compute.launcher is 'local'"):
         render_for_run({"run_dir": str(tmp_path / "runs" / "r3")}, "r3", 1)
 
 
@@ -664,7 +663,9 @@ def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str
     """Setup → Job → the worker dies → the retry re-attaches (no second Job) → trigger → trained model."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from taxiway_airflow.kubernetes import GangJob, GangJobTrigger, create_service
+    from taxiway_airflow.operators.kubernetes import GangJob
+    from taxiway_airflow.tasks import create_service
+    from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
     job_1, service = k8s.names(RUN_ID, 1)
     assert create_service(k8s_run, RUN_ID) == {"service": service, "namespace": "taxiway"}
@@ -699,7 +700,8 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
 
     from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-    from taxiway_airflow.kubernetes import GangJob, create_service, delete_everything
+    from taxiway_airflow.operators.kubernetes import GangJob
+    from taxiway_airflow.tasks import create_service, delete_everything
 
     fake_kube.run_pods = False  # the test decides how each Job ends
     job_1, service = k8s.names(RUN_ID, 1)

@@ -255,6 +255,33 @@ def test_champion_that_moved_meanwhile_is_beaten_again_or_kept(backend, models, 
     assert _champion_chain(c, name) == ["1", first["version"]]
 
 
+def test_champion_that_keeps_moving_leaves_the_model_challenger(models, home: Path, monkeypatch):
+    """No re-evaluation left (``registry.max_reevaluations=0``): a model evaluated against a champion
+    that has moved since is not promoted — challenger, saying why, its report left as it was."""
+    from pipelines.registry import client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
+    name = _unique("moving")
+    base = _run(home, models["weak"], name, "c0")
+    assert _evaluate(base)["passed"]
+    assert _register(base, f"{name}-c0")["alias"] == "champion"
+    medium = _run(home, models["medium"], name, "b")
+    strong = _run(home, models["strong"], name, "a", "registry.max_reevaluations=0")
+    for run_dir in (medium, strong):
+        assert _evaluate(run_dir)["baseline"]["version"] == "1"
+    assert _register(medium, f"{name}-b")["alias"] == "champion"
+    evaluated = (strong / "eval" / "report.json").read_text()
+    kept = _register(strong, f"{name}-a")
+    assert kept["alias"] == "challenger" and kept["reason"] == (
+        "not promoted: the champion moved to version 2 while this model was evaluated against 1; evaluate it again")
+    assert (strong / "eval" / "report.json").read_text() == evaluated
+    c = client()
+    assert str(c.get_model_version_by_alias(name, "champion").version) == "2"
+    challenger = c.get_model_version_by_alias(name, "challenger")
+    assert str(challenger.version) == kept["version"] and challenger.tags["taxiway.alias_reason"] == kept["reason"]
+    assert json.loads((strong / "registry.json").read_text()) == kept
+
+
 def test_two_processes_finishing_together_leave_the_better_champion(backend, models, home: Path):
     from pipelines.registry import client
 
@@ -288,14 +315,15 @@ def test_two_processes_finishing_together_leave_the_better_champion(backend, mod
 
 _HOLDER = textwrap.dedent("""
     import json, sys, time
-    from pipelines import promotion, registry
+    from pipelines.registry import client, locks
+    from pipelines.run_folder import mlflow_tracking_uri
     kind, key, log, hold = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     def lock():
         if kind == "file":
-            return promotion.file_lock(__import__("pathlib").Path(key), 60)
+            return locks.file_lock(__import__("pathlib").Path(key), 60)
         if kind == "advisory":
-            return promotion.advisory_lock(registry.mlflow_tracking_uri(), key, 60)
-        return promotion.registry_lock(registry.client(), key, 60)
+            return locks.advisory_lock(mlflow_tracking_uri(), key, 60)
+        return locks.registry_lock(client(), key, 60)
     for _ in range(3):
         with lock():
             start = time.time()
@@ -314,8 +342,7 @@ def _holders(kind: str, key: str, log: Path, hold: float = 0.3, n: int = 2) -> l
 @pytest.mark.parametrize("kind", ["file", "advisory", "registry"])
 def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home: Path, tmp_path: Path, monkeypatch,
                                                                      request):
-    from pipelines import promotion
-    from pipelines.registry import client
+    from pipelines.registry import client, locks
 
     if kind == "advisory":
         monkeypatch.setenv("MLFLOW_TRACKING_URI", _pg_uri(request.getfixturevalue("postgres_db")))
@@ -342,9 +369,9 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
         c = client()
         c.set_registered_model_tag(key, "expires_ms", str(int((time.time() + lease) * 1000)))
     started = time.monotonic()
-    lock = {"file": lambda: promotion.file_lock(Path(key), 30),
-            "advisory": lambda: promotion.advisory_lock(os.environ["MLFLOW_TRACKING_URI"], key, 30),
-            "registry": lambda: promotion.registry_lock(client(), key, 30)}[kind]
+    lock = {"file": lambda: locks.file_lock(Path(key), 30),
+            "advisory": lambda: locks.advisory_lock(os.environ["MLFLOW_TRACKING_URI"], key, 30),
+            "registry": lambda: locks.registry_lock(client(), key, 30)}[kind]
     with lock():
         waited = time.monotonic() - started
     assert waited < 10, f"waited {waited:.1f} s for a dead holder's lock"
@@ -356,8 +383,7 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
 
 
 def test_deleted_champion_is_a_clear_error(backend, models, home: Path):
-    from pipelines.promotion import ChampionMissing
-    from pipelines.registry import client
+    from pipelines.registry import ChampionMissing, client
 
     name = _unique(f"deleted-{backend}")
     first = _run(home, models["medium"], name, "first")

@@ -14,15 +14,41 @@ from __future__ import annotations
 import copy
 import os
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from pipelines.config import SECTIONS, ConfigError, load_config, section_schemas, suggest
-from pipelines.roots import Roots
+from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
+from pipelines.roots import REPO, Roots
 
-REPO = Path(__file__).resolve().parents[2]
 CONF_KEYS = ("config", "set", *SECTIONS)
 _MISSING = object()
+
+
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            return _inline_refs({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+        return {k: _inline_refs(v, defs) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inline_refs(v, defs) for v in node]
+    return node
+
+
+def section_schemas() -> dict[str, dict[str, Any]]:
+    """Self-contained JSON schema per RunConfig section (no ``$ref``, nothing required).
+
+    Params built from these validate a partial override at trigger time; the full RunConfig
+    validation (required data paths, cross-field rules) runs in the first task.
+    """
+    schema = RunConfig.model_json_schema()
+    defs = schema.get("$defs", {})
+    out = {}
+    for name, prop in schema["properties"].items():
+        inlined = _inline_refs(prop, defs)
+        inlined.pop("required", None)
+        inlined.pop("default", None)
+        out[name] = inlined
+    return out
 
 
 def default_config_path() -> str:

@@ -129,3 +129,55 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
     result = stages.register(stages.load_run_config(run_dir), run_dir, ctx["run_id"], airflow)
     log.info("registered %s version %s as '%s'", result["model_name"], result["version"], result["alias"])
     return result
+
+
+# --- the Kubernetes gang's setup and teardown (TAXIWAY_LAUNCHER=kubernetes) ----------------------
+
+def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
+    """Write the trainer spec and create the headless Service that makes rank 0 resolvable (idempotent)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from pipelines import training
+    from taxiway_airflow.hooks.kubernetes import connect
+    from taxiway_airflow.operators.kubernetes import render_for_run
+
+    cfg, gang = render_for_run(run, run_id, 1)
+    training.write_spec(cfg, _run_dir(run))
+    hook = connect(cfg.compute.kubernetes.connection_id)
+    try:
+        hook.core_v1_client.create_namespaced_service(gang.namespace, gang.service)
+        log.info("created headless Service %s/%s", gang.namespace, gang.service_name)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        log.info("headless Service %s/%s already exists (a retried setup)", gang.namespace, gang.service_name)
+    return {"service": gang.service_name, "namespace": gang.namespace}
+
+
+def delete_everything(run: dict[str, Any], run_id: str) -> int:
+    """Every Job of the run (their pods waited for) and the Service; returns the Jobs deleted."""
+    from taxiway_airflow.hooks.kubernetes import connect, ignore_missing, remove_jobs
+    from taxiway_airflow.operators.kubernetes import render_for_run
+
+    cfg, gang = render_for_run(run, run_id, 1)
+    k = cfg.compute.kubernetes
+    hook = connect(k.connection_id)
+    jobs = remove_jobs(hook, gang.namespace, gang.service_name, wait_s=k.termination_grace_s + 60)
+    ignore_missing(hook.core_v1_client.delete_namespaced_service, gang.service_name, gang.namespace)
+    log.info("deleted %d Job(s) and Service %s/%s; no pod of the gang is left", jobs, gang.namespace,
+             gang.service_name)
+    return jobs
+
+
+@task(retries=2, **RETRY)
+@translated
+def gang_service(run: dict[str, Any]) -> dict[str, str]:
+    """Setup: the headless Service of the run's gang."""
+    return create_service(run, get_current_context()["run_id"])
+
+
+@task(retries=2, **RETRY)
+@translated
+def delete_gang(run: dict[str, Any]) -> dict[str, Any]:
+    """Teardown: runs whatever the gang did, so nothing of the run is left in the cluster."""
+    return {"jobs_deleted": delete_everything(run, get_current_context()["run_id"])}

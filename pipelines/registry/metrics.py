@@ -1,10 +1,10 @@
-"""Ship new ``metrics.jsonl`` lines to the pipeline run's MLflow run while training runs.
+"""The trainer's ``metrics.jsonl`` as MLflow metrics, and how much of it MLflow already has.
 
-The trainer never talks to MLflow (pods hold no tracking credentials); the waiting sensor calls
-``ship`` each time it wakes, so curves are live in the MLflow UI. The byte offset already shipped
-is kept next to the metrics (``train/metrics.shipped.json``, written atomically after MLflow
-accepted the batch), so a retried or re-attached sensor continues where the last one stopped and
-registration logs only what was never shipped.
+The trainer never talks to MLflow (pods hold no tracking credentials); the waiting sensor ships
+new lines each time it wakes (``runs.ship``), so curves are live in the MLflow UI. The byte offset
+already shipped is kept next to the metrics (``train/metrics.shipped.json``, written atomically
+after MLflow accepted the batch), so a retried or re-attached sensor continues where the last one
+stopped and registration logs only what was never shipped. No MLflow client here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import atomic
-from pipelines.config import RunConfig
 from pipelines.run_folder import RunFolder
 
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
@@ -31,6 +30,11 @@ def shipped_offset(run_dir: Path) -> int:
         return int(json.loads(_offset_path(run_dir).read_text())["offset"])
     except FileNotFoundError:
         return 0
+
+
+def mark_shipped(run_dir: Path, offset: int) -> None:
+    """Record that MLflow accepted every line before byte ``offset``."""
+    atomic.write_json(_offset_path(run_dir), {"offset": offset})
 
 
 def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str, Any]], int]:
@@ -75,22 +79,3 @@ def to_metrics(records: list[dict[str, Any]]) -> list:
                    int(datetime.fromisoformat(rec["time"]).timestamp() * 1000) if rec.get("time") else now,
                    int(rec["step"]))
             for rec in records for key in KEYS if rec.get(key) is not None]
-
-
-def ship(cfg: RunConfig, run_dir: Path, run_key: str, restarts: int | None = None) -> int:
-    """Log unshipped metric lines (and the restart count) to the run's MLflow run; returns lines shipped."""
-    from pipelines import registry
-
-    records, offset = new_records(run_dir)
-    if not records and restarts is None:
-        return 0
-    c = registry.client()
-    run_id = registry.open_run(c, cfg, run_key)
-    metrics = to_metrics(records)
-    for i in range(0, len(metrics), 500):
-        c.log_batch(run_id, metrics=metrics[i:i + 500])
-    if restarts is not None:
-        c.set_tag(run_id, "taxiway.restarts", str(restarts))
-    if records:
-        atomic.write_json(_offset_path(run_dir), {"offset": offset})
-    return len(records)

@@ -2,6 +2,7 @@
 
 Months later a version's tags answer "which data, tokenizer, code, config and parent made this,
 and how did it score against what": every value is a content hash, a version, or a figure.
+No MLflow here: ``runs`` logs what this module lists.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from typing import Any
 from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import effective_data
+from pipelines.registry.client import WEIGHTS_TAG
 from pipelines.run_folder import RunFolder
-
-WEIGHTS_TAG = "taxiway.weights_sha256"
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:

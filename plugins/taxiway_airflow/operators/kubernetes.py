@@ -1,7 +1,7 @@
 """The training gang on Kubernetes: headless Service (setup) → Indexed Job → delete both (teardown).
 
 Built on the cncf-kubernetes provider's pod-operator family: ``GangJob`` is its
-``KubernetesJobOperator`` fed with the objects that ``pipelines.launch.k8s.render`` makes from the
+``KubernetesJobOperator`` fed with the objects that ``pipelines.training.render_kubernetes`` makes from the
 run's config, plus what a training gang needs on top of it:
 
 - **durable**: the Job's name is kept in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``),
@@ -18,17 +18,19 @@ provider costs about a second of parse time). Pipeline code is imported inside t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
-from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
-from airflow.sdk import get_current_context, task
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
+
+from pipelines.errors import BadInput, Transient
+from taxiway_airflow.failures import failure_kinds
+from taxiway_airflow.hooks.kubernetes import ignore_missing, remove_jobs
+from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
 log = logging.getLogger("taxiway")
 
@@ -37,6 +39,8 @@ def training_gang(run: Any, **job_kwargs: Any) -> tuple[Any, Any]:
 
     Returns (first, gang) so the caller chains ``upstream >> first`` and ``gang >> downstream``.
     """
+    from taxiway_airflow.tasks import delete_gang, gang_service
+
     service = gang_service.override(task_id="service")(run)
     job_kwargs = {"retries": 3, "retry_exponential_backoff": 2.0, **job_kwargs}
     gang = GangJob(task_id="gang", run=run, **job_kwargs)
@@ -48,126 +52,24 @@ def training_gang(run: Any, **job_kwargs: Any) -> tuple[Any, Any]:
 # --- rendering from the run folder ---------------------------------------------------------
 
 def render_for_run(run: dict[str, Any], run_id: str, try_number: int):
-    """The run's config → ``pipelines.launch.k8s.Gang``; refuses what the pods could not run."""
-    from pipelines import stages
-    from pipelines.launch import k8s
-    from pipelines.launch.spec import launch_spec
-    from pipelines.run_folder import RunFolder
+    """The run's config and its gang's objects for one try; refuses what the pods could not run."""
+    from pipelines import stages, training
 
     run_dir = Path(run["run_dir"])
     cfg = stages.load_run_config(run_dir)
     k = cfg.compute.kubernetes
     if cfg.compute.launcher != "kubernetes":
-        raise AirflowFailException(
+        raise BadInput(
             f"compute.launcher is {cfg.compute.launcher!r}, but this deployment trains on Kubernetes "
             "(TAXIWAY_LAUNCHER=kubernetes); set compute.launcher: kubernetes")
     if not run_dir.is_relative_to(k.mount_path):
-        raise AirflowFailException(
+        raise BadInput(
             f"run folder {run_dir} is not under compute.kubernetes.mount_path ({k.mount_path}): the pods "
             "would not find it; mount the volume there on the Airflow workers and set TAXIWAY_HOME to it")
-    command = launch_spec(cfg, run_dir, RunFolder(run_dir).trainer_spec).trainer_args()
-    return cfg, k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)
-
-
-def _hook(conn_id: str):
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-    return KubernetesHook(conn_id=conn_id)
-
-
-def _ignore_missing(call, *args: Any, **kwargs: Any) -> Any:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        return call(*args, **kwargs)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        return None
-
-
-def remove_jobs(hook: Any, namespace: str, gang_label: str, wait_s: float) -> int:
-    """Delete every Job of this gang (all tries) and wait until their pods are gone; returns Jobs deleted.
-
-    Foreground propagation: pods get SIGTERM and their termination grace period, in which the
-    trainer saves a checkpoint.
-    """
-    from pipelines.launch.k8s import GANG_LABEL
-
-    selector = f"{GANG_LABEL}={gang_label}"
-    jobs = hook.batch_v1_client.list_namespaced_job(namespace, label_selector=selector).items
-    for job in jobs:
-        log.info("deleting Job %s/%s", namespace, job.metadata.name)
-        _ignore_missing(hook.batch_v1_client.delete_namespaced_job, job.metadata.name, namespace,
-                        propagation_policy="Foreground")
-    deadline = time.monotonic() + wait_s
-    while pods := hook.core_v1_client.list_namespaced_pod(namespace, label_selector=selector).items:
-        if time.monotonic() > deadline:
-            raise AirflowException(f"{len(pods)} pod(s) of {selector} still present after {wait_s:.0f}s: "
-                                   + ", ".join(p.metadata.name for p in pods))
-        time.sleep(2)
-    return len(jobs)
-
-
-# --- setup and teardown ----------------------------------------------------------------------
-
-def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
-    """Write the trainer spec and create the headless Service that makes rank 0 resolvable (idempotent)."""
-    from kubernetes.client.exceptions import ApiException
-
-    from pipelines import stages
-
-    cfg, gang = render_for_run(run, run_id, 1)
-    stages.trainer_spec(cfg, Path(run["run_dir"]))
-    hook = _hook(cfg.compute.kubernetes.connection_id)
-    try:
-        hook.core_v1_client.create_namespaced_service(gang.namespace, gang.service)
-        log.info("created headless Service %s/%s", gang.namespace, gang.service_name)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        log.info("headless Service %s/%s already exists (a retried setup)", gang.namespace, gang.service_name)
-    return {"service": gang.service_name, "namespace": gang.namespace}
-
-
-def delete_everything(run: dict[str, Any], run_id: str) -> int:
-    """Every Job of the run (their pods waited for) and the Service; returns the Jobs deleted."""
-    cfg, gang = render_for_run(run, run_id, 1)
-    k = cfg.compute.kubernetes
-    hook = _hook(k.connection_id)
-    jobs = remove_jobs(hook, gang.namespace, gang.service_name, wait_s=k.termination_grace_s + 60)
-    _ignore_missing(hook.core_v1_client.delete_namespaced_service, gang.service_name, gang.namespace)
-    log.info("deleted %d Job(s) and Service %s/%s; no pod of the gang is left", jobs, gang.namespace,
-             gang.service_name)
-    return jobs
-
-
-@task(retries=2)
-def gang_service(run: dict[str, Any]) -> dict[str, str]:
-    """Setup: the headless Service of the run's gang."""
-    return create_service(run, get_current_context()["run_id"])
-
-
-@task(retries=2)
-def delete_gang(run: dict[str, Any]) -> dict[str, Any]:
-    """Teardown: runs whatever the gang did, so nothing of the run is left in the cluster."""
-    return {"jobs_deleted": delete_everything(run, get_current_context()["run_id"])}
+    return cfg, training.render_kubernetes(cfg, run_dir, run_id, try_number)
 
 
 # --- the Job ---------------------------------------------------------------------------------
-
-class GangJobTrigger(KubernetesJobTrigger):
-    """The provider's Job trigger, plus: a user failing or clearing the deferred task deletes the Job."""
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        _, kwargs = super().serialize()
-        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
-
-    async def on_kill(self) -> None:
-        hook = _hook(self.kubernetes_conn_id)
-        await asyncio.to_thread(_ignore_missing, hook.batch_v1_client.delete_namespaced_job, self.job_name,
-                                self.job_namespace, propagation_policy="Foreground")
-
 
 class GangJob(ResumableJobMixin, KubernetesJobOperator):
     """``KubernetesJobOperator`` running the training gang as an Indexed Job rendered from the run's config."""
@@ -191,15 +93,13 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         of ``full_job_spec``'s template to the pod it builds, so that template carries metadata only.
         """
         from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX
-        from kubernetes.client import ApiClient
 
-        from pipelines.launch.k8s import CONTAINER
+        from pipelines.training import CONTAINER
 
-        api = ApiClient()
         template = gang.job["spec"]["template"]
         job = {**gang.job, "spec": {**gang.job["spec"], "template": {"metadata": template["metadata"]}}}
-        self.full_job_spec = api._ApiClient__deserialize(job, "V1Job")
-        self.full_pod_spec = api._ApiClient__deserialize(
+        self.full_job_spec = _model(job, "V1Job")
+        self.full_pod_spec = _model(
             {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}, "V1Pod")
         self.name = gang.job_name.removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
         self.namespace = gang.namespace
@@ -210,9 +110,10 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.gang = gang
 
     def execute(self, context: Any) -> Any:
-        self._adopt_for(context)
-        self.job_request_obj = self.build_job_request_obj(context)
-        return self.execute_resumable(context)
+        with failure_kinds():
+            self._adopt_for(context)
+            self.job_request_obj = self.build_job_request_obj(context)
+            return self.execute_resumable(context)
 
     def _adopt_for(self, context: Any) -> None:
         cfg, gang = render_for_run(self.run, context["run_id"], context["ti"].try_number)
@@ -234,7 +135,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return {"name": self.job.metadata.name, "namespace": self.job.metadata.namespace}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        job = _ignore_missing(self.hook.get_job_status, external_id["name"], external_id["namespace"])
+        job = ignore_missing(self.hook.get_job_status, external_id["name"], external_id["namespace"])
         if job is None:
             return "missing"
         if self.hook.is_job_successful(job):
@@ -257,12 +158,14 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         job = self.hook.wait_until_job_complete(job_name=self.job.metadata.name, namespace=self.job.metadata.namespace,
                                                 job_poll_interval=self.job_poll_interval)
         if error := self.hook.is_job_failed(job=job):
-            raise AirflowException(f"Kubernetes Job {job.metadata.name} failed: {error}")
+            from pipelines.training import GangFailed
+
+            raise GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, str]:
-        from pipelines import stages
+        from pipelines import training
 
-        model_dir = stages.finish_train(Path(self.run["run_dir"]))
+        model_dir = training.finish(Path(self.run["run_dir"]))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -277,9 +180,10 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict[str, Any], **kwargs: Any) -> Any:
-        self._adopt_for(context)  # a resumed task is a fresh operator: connection, container name
-        super().execute_complete(context, event, **kwargs)  # raises when the Job failed
-        return self.get_job_result(None, context)
+        with failure_kinds():
+            self._adopt_for(context)  # a resumed task is a fresh operator: connection, container name
+            super().execute_complete(context, event, **kwargs)  # raises when the Job failed
+            return self.get_job_result(None, context)
 
     def get_pods(self, pod_request_obj: Any, context: Any, *, exclude_checked: bool = True) -> list[Any]:
         """The provider lists pods a few times back to back; the Job controller may not have made all yet."""
@@ -293,10 +197,21 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
                 break
             time.sleep(2)
         if not pods:
-            raise AirflowException(f"no pod of Job {self.job.metadata.name} appeared in {self.pods_timeout_s:.0f}s")
+            raise Transient(f"no pod of Job {self.job.metadata.name} appeared in {self.pods_timeout_s:.0f}s")
         return pods
 
     def _config(self):
         from pipelines import stages
 
         return stages.load_run_config(Path(self.run["run_dir"]))
+
+
+def _model(obj: dict[str, Any], kind: str) -> Any:
+    """A plain manifest as the client's model object (``V1Job``, ``V1Pod``), through the client's
+    public ``deserialize``, which reads a response's JSON ``data``."""
+    import json
+    from types import SimpleNamespace
+
+    from kubernetes.client import ApiClient
+
+    return ApiClient().deserialize(SimpleNamespace(data=json.dumps(obj)), kind)

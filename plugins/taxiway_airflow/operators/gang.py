@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, BaseSensorOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines.errors import BadInput
 from taxiway_airflow.failures import failure_kinds
-from taxiway_airflow.triggers import GangTrigger
+from taxiway_airflow.triggers.gang import GangTrigger
 
 log = logging.getLogger("taxiway")
 
@@ -54,67 +53,61 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return self.execute_resumable(context)
 
     def submit_job(self, context: Any) -> str:
-        from pipelines import stages
+        from pipelines import training
 
         cfg = self._config()
         if cfg.compute.launcher != "local":
             raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
-                                       "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
-        handle = stages.launch_gang(cfg, _run_dir(self.run))
+                           "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
+        handle = training.submit(cfg, _run_dir(self.run))
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
                  Path(handle.nodes[0].log).parent)
         return str(handle.path)
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        from pipelines.launch import local
+        """A gang a user canceled reads ``canceled``: a clear's new try launches afresh (submit waits)."""
+        from pipelines import training
 
-        path = Path(external_id)
-        if not path.exists():
-            return local.FAILED
-        handle = local.Handle.load(path)
-        if local.cancel_reason(handle) == local.USER:  # a clear canceled it: launch afresh (submit waits)
-            return "canceled"
-        return local.poll(handle).state
+        if not Path(external_id).exists():
+            return training.State.FAILED
+        return training.state(training.load(external_id))
 
     def is_job_active(self, status: str) -> bool:
-        return status == "running"
+        from pipelines import training
+
+        return status == training.State.RUNNING
 
     def is_job_succeeded(self, status: str) -> bool:
-        return status == "succeeded"
+        from pipelines import training
+
+        return status == training.State.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
         """Confirm the launch here (a gang that dies at start fails this try at once), then defer:
         the trigger watches the gang until it ends, so a cancel always finds one of the two."""
-        from pipelines.launch import local
-        from pipelines.launch.watch import Watch
-        from pipelines.run_folder import RunFolder
+        from pipelines import training
 
-        handle = local.Handle.load(Path(external_id))
+        handle = training.load(external_id)
         cfg = self._config()
-        started = datetime.fromisoformat(handle.started_at).timestamp()
+        run_dir = _run_dir(self.run)
         deadline = time.monotonic() + self.launch_confirm_s
-
-        def started_up() -> bool:
-            heartbeat = RunFolder(_run_dir(self.run)).read_status().get("heartbeat_at")
-            return bool(heartbeat) and datetime.fromisoformat(heartbeat).timestamp() >= started
-
-        while local.poll(handle).state == local.RUNNING and time.monotonic() < deadline and not started_up():
+        while (training.state(handle) == training.State.RUNNING and time.monotonic() < deadline
+               and not training.started_up(handle, run_dir)):
             self._cancel_unless_running(context, handle)
             time.sleep(0.5)
         self._cancel_unless_running(context, handle)  # the last word before handing over to the trigger
-        local.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
-        watch = Watch(str(handle.path), handle.gang_id, cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s,
-                      started + cfg.compute.timeout_s)
+        training.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
+        watch = training.watch(handle, cfg)
         self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
                                        context["run_id"]),
                    method_name="execute_complete")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
-        from pipelines import stages
+        from pipelines import training
 
         self._report(external_id, context)
-        model_dir = stages.finish_train(_run_dir(self.run))
+        model_dir = training.finish(_run_dir(self.run))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -124,14 +117,14 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return self._complete(context, event)
 
     def _complete(self, context: Any, event: dict[str, Any]) -> Any:
-        from pipelines.launch import local
+        from pipelines import training
 
         gang_json = event["watch"]["gang_json"]
-        if event["state"] == local.SUCCEEDED:
+        if event["state"] == training.State.SUCCEEDED:
             return self.get_job_result(gang_json, context)
         self._report(gang_json, context)
-        handle = local.Handle.load(Path(gang_json))
-        if local.cancel_reason(handle) == local.USER:
+        handle = training.load(gang_json)
+        if training.canceled_by_user(handle):
             # Canceled, yet this try is alive: an earlier try's trigger canceled it after this try had
             # re-attached (a clear lands in both at once). Carry on as the clear meant: relaunch.
             log.info("gang %s was canceled by an earlier try of this task; relaunching from its newest "
@@ -143,15 +136,15 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         attempt = handle.attempt
         log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
                   attempt, event["state"], event["detail"])
-        if event["state"] == "timed_out":
-            raise local.GangTimedOut(event["detail"])
-        raise local.GangFailed(f"training gang {event['state']}: {event['detail']}")
+        if event["state"] == training.TIMED_OUT:
+            raise training.GangTimedOut(event["detail"])
+        raise training.GangFailed(f"training gang {event['state']}: {event['detail']}")
 
     @staticmethod
     def _cancel_unless_running(context: Any, handle: Any) -> None:
         """A user acted on this try (its state is no longer ``running``) before the supervisor's
         SIGTERM arrived: cancel the gang here, since once deferred nobody would."""
-        from pipelines.launch import local
+        from pipelines import training
 
         ti = context["ti"]
         try:
@@ -161,7 +154,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return
         state = states.get(ti.run_id, {}).get(ti.task_id)
         if state != "running":
-            local.cancel(handle, local.USER)
+            training.cancel(handle)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
     def _config(self):
@@ -171,10 +164,10 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""
-        from taxiway_airflow.progress import report
+        from pipelines import training
 
         try:
-            if line := report(gang_json, context["run_id"]):
+            if line := training.report(training.load(gang_json), context["run_id"]):
                 log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)
@@ -182,31 +175,8 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     def on_kill(self) -> None:
         """Killed while the worker held it (not deferred): cancel the gang. The worker gets a few
         seconds before SIGKILL, so this only signals; each node enforces the grace period itself."""
-        from pipelines.launch import local
+        from pipelines import training
 
-        path = local.handle_path(_run_dir(self.run))
-        if path.exists():
-            handle = local.Handle.load(path)
-            local.cancel(handle, local.USER)
+        if handle := training.current(_run_dir(self.run)):
+            training.cancel(handle)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)
-
-
-class CheckpointSensor(BaseSensorOperator):
-    """Evaluation starts only once the final checkpoint is complete, valid and exported."""
-
-    template_fields = ("run",)
-
-    def __init__(self, *, run: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("poke_interval", 5)
-        kwargs.setdefault("timeout", 600)
-        kwargs.setdefault("mode", "reschedule")
-        super().__init__(**kwargs)
-        self.run = run
-
-    def poke(self, context: Any) -> bool:
-        from pipelines import stages
-
-        run_dir = _run_dir(self.run)
-        ready, reason = stages.final_checkpoint_ready(run_dir)
-        log.info("%s", reason)
-        return ready

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -35,33 +34,32 @@ class GangTrigger(BaseTrigger):
                  "cancel_grace_s": self.cancel_grace_s, "run_id": self.run_id})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from pipelines.launch import local
-        from pipelines.launch.watch import Watch
+        from pipelines import training
 
-        watch = Watch(**self.watch)
-        await asyncio.to_thread(local.take_over, local.Handle.load(Path(watch.gang_json)))
+        watch = training.Watch(**self.watch)
+        await asyncio.to_thread(training.take_over, training.load(watch.gang_json))
         reported = time.monotonic()
         while True:
             result = await asyncio.to_thread(watch.check)
-            if result["state"] != local.RUNNING:
+            if result["state"] != training.State.RUNNING:
                 break
             if time.monotonic() - reported >= self.report_every_s:
                 reported = time.monotonic()
                 await self._report()
             await asyncio.sleep(self.poll_s)
-        if result["state"] != local.SUCCEEDED:
-            handle = local.Handle.load(Path(watch.gang_json))
-            killed = await asyncio.to_thread(local.cleanup, handle, self.cancel_grace_s)
+        if result["state"] != training.State.SUCCEEDED:
+            handle = training.load(watch.gang_json)
+            killed = await asyncio.to_thread(training.cleanup, handle, self.cancel_grace_s)
             result["detail"] += f" (processes killed at cleanup: {killed})"
         await self._report()
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
         """Log one progress line and ship new metrics lines to MLflow; never fails the watch."""
-        from taxiway_airflow.progress import report
+        from pipelines import training
 
         try:
-            line = await asyncio.to_thread(report, self.watch["gang_json"], self.run_id)
+            line = await asyncio.to_thread(lambda: training.report(training.load(self.watch["gang_json"]), self.run_id))
         except Exception as exc:  # tracking server away: the lines stay unshipped and go next time
             self.log.warning("could not report progress yet: %s", exc)
             return
@@ -71,11 +69,11 @@ class GangTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """Airflow 3.3's triggerer calls this when a user acted on the deferred task (mark failed or
         success, clear, delete the run), not when the triggerer itself stops: cancel this gang."""
-        from pipelines.launch import local
+        from pipelines import training
 
-        handle = local.Handle.load(Path(self.watch["gang_json"]))
+        handle = training.load(self.watch["gang_json"])
         if handle.gang_id != self.watch["gang_id"]:  # a newer try already replaced it: not ours to stop
             return
-        await asyncio.to_thread(local.cancel, handle, local.USER)
+        await asyncio.to_thread(training.cancel, handle)
         self.log.info("canceled gang %s: SIGTERM sent; its nodes SIGKILL what is left after %gs",
                       handle.gang_id, self.cancel_grace_s)

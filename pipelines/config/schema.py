@@ -1,0 +1,223 @@
+"""RunConfig: the one validated, frozen description of a training run, section by section.
+
+Everything that changes between experiments lives here; orchestration and execution only read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from pipelines.config.base import Fraction, PositiveInt, Section
+from pipelines.config.kubernetes import KubernetesConfig
+
+SECTIONS = (
+    "name", "data", "preflight", "tokenizer", "pack", "model", "train",
+    "checkpoint", "compute", "eval", "registry", "parent",
+)
+
+
+class DataConfig(Section):
+    """Where the raw text lives. Paths are local paths or fsspec URIs."""
+
+    train: str = Field(description="Folder or glob of training documents")
+    val: str = Field(description="Folder or glob of validation documents")
+    manifest: str = Field(description="JSON Lines manifest: path, split, bytes, sha256 per file")
+    format: Literal["txt", "jsonl", "parquet"] | None = Field(
+        default=None, description="Input format; inferred from file extensions when unset")
+
+
+class PreflightConfig(Section):
+    """Gate thresholds checked before any compute is spent."""
+
+    allow_unlisted: bool = Field(False, description="Accept data files missing from the manifest")
+    min_chars: Annotated[int, Field(ge=0)] = Field(1, description="Shortest document accepted (characters)")
+    max_chars: PositiveInt = Field(10_000_000, description="Longest document accepted (characters)")
+    max_duplicate_fraction: Fraction = Field(
+        0.05, description="Largest fraction of a split's documents that exactly repeat an earlier one")
+    max_overlap_fraction: Fraction = Field(
+        0.05, description="Largest fraction of val documents allowed to near-duplicate a train document")
+    overlap_jaccard: Fraction = Field(0.8, description="Jaccard similarity that counts as overlap")
+    num_perm: PositiveInt = Field(128, description="MinHash permutations")
+    shingle_words: PositiveInt = Field(5, description="Word n-gram size of MinHash shingles")
+    action: Literal["fail", "decontaminate"] = Field(
+        "fail", description="On overlap above the limit: fail the run, or drop contaminated val documents and go on")
+    workers: int | None = Field(None, gt=0, description="Processes/threads for hashing and MinHash; None = all cores")
+
+
+class TokenizerConfig(Section):
+    """Byte-level BPE, trained on the train split unless ``path`` names one to load."""
+
+    vocab_size: Annotated[int, Field(ge=260, le=1_048_576)] = 8192
+    min_frequency: PositiveInt = 2
+    eos_token: str = "<|endoftext|>"
+    path: str | None = Field(None, description="Load this tokenizer.json instead of training one")
+
+
+class PackConfig(Section):
+    """Fixed-length windows of ``seq_len + 1`` tokens; documents joined by EOS."""
+
+    seq_len: PositiveInt = 256
+    shard_tokens: PositiveInt = Field(16_777_216, description="Tokens per numpy shard")
+    dtype: Literal["auto", "uint16", "uint32"] = Field(
+        "auto", description="Token dtype of the shards; auto = uint16 when the vocabulary fits")
+
+
+class ModelConfig(Section):
+    """A GPT; the vocabulary size comes from the tokenizer."""
+
+    n_layer: PositiveInt = 12
+    n_head: PositiveInt = 12
+    n_embd: PositiveInt = 768
+    block_size: PositiveInt = Field(1024, description="Longest context the model supports")
+    dropout: Fraction = 0.0
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        return self
+
+
+class TrainConfig(Section):
+    steps: PositiveInt = 10_000
+    batch_size: PositiveInt = Field(16, description="Sequences per process per micro-step")
+    grad_accum: PositiveInt = 1
+    lr: float = Field(3e-4, gt=0.0, description="Peak learning rate")
+    min_lr: float = Field(3e-5, ge=0.0)
+    warmup_steps: Annotated[int, Field(ge=0)] = 100
+    weight_decay: float = Field(0.1, ge=0.0)
+    grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
+    decay: Literal["cosine", "linear"] = Field("cosine", description="LR decay after warmup, down to min_lr")
+    seed: int = 1337
+    log_every: PositiveInt = 10
+    deterministic: bool = False
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp replicates the model per process; fsdp (FSDP2 fully_shard) shards it")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast on GPU, fp32 on CPU")
+    peak_tflops: float | None = Field(
+        None, gt=0.0, description="Peak TFLOP/s per device for the MFU metric; None = from the GPU's data sheet")
+    max_nonfinite_steps: PositiveInt = Field(
+        5, description="NaN/Inf loss or gradient skips the step; this many in a row stops the run")
+    spike_window: PositiveInt = Field(100, description="Steps of loss history for spike detection")
+    spike_sigma: float = Field(6.0, gt=0.0, description="A loss above mean + this many std devs is logged as a spike")
+    data_timeout_s: PositiveInt = Field(
+        300, description="No batch for this long: dump all thread stacks and fail (data-loader watchdog)")
+
+
+class CheckpointConfig(Section):
+    every_steps: PositiveInt = 500
+    keep_last_n: PositiveInt = 3
+    async_save: bool = Field(True, description="Write checkpoints in the background while training goes on")
+
+
+class ComputeConfig(Section):
+    launcher: Literal["local", "kubernetes"] = "local"
+    nodes: PositiveInt = 2
+    procs_per_node: PositiveInt = 1
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    threads_per_proc: PositiveInt = Field(1, description="torch intra-op threads per process")
+    timeout_s: PositiveInt = Field(86_400, description="Wall-clock limit for the training gang")
+    stall_timeout_s: PositiveInt = Field(
+        600, description="No heartbeat and no step progress for this long = stalled: kill and relaunch from the "
+                         "newest valid checkpoint")
+    startup_timeout_s: PositiveInt = Field(
+        1800, description="Longest a (re)launched gang may take to show its first progress (scheduling, "
+                          "rendezvous, loading the checkpoint) before it counts as stalled")
+    cancel_grace_s: PositiveInt = Field(
+        120, description="After SIGTERM, how long nodes get to save a checkpoint before SIGKILL")
+    report_every_s: PositiveInt = Field(
+        30, description="How often the waiting training sensor logs progress and ships new metrics to MLflow")
+    unwatched_timeout_s: Annotated[int, Field(ge=30)] = Field(
+        600, description="Local gangs: nobody watched the gang for this long (the Airflow task and its trigger "
+                         "both gone) = checkpoint and stop instead of training on unwatched")
+    kubernetes: KubernetesConfig = Field(KubernetesConfig(), description="Node pods when launcher is kubernetes")
+
+    @model_validator(mode="after")
+    def _kubernetes_complete(self) -> ComputeConfig:
+        k = self.kubernetes
+        if k.gpus and self.procs_per_node != k.gpus:
+            raise ValueError(f"procs_per_node ({self.procs_per_node}) must equal kubernetes.gpus ({k.gpus}): "
+                             "one trainer process per GPU")
+        if self.launcher == "kubernetes" and (missing := [f"kubernetes.{f}" for f in ("image", "volume_claim")
+                                                          if getattr(k, f) is None]):
+            raise ValueError(f"{' and '.join(missing)} required when launcher is 'kubernetes'")
+        if self.launcher == "kubernetes" and not k.checkpoint_save_s < self.cancel_grace_s <= k.termination_grace_s:
+            raise ValueError(
+                f"need kubernetes.checkpoint_save_s ({k.checkpoint_save_s}) < cancel_grace_s ({self.cancel_grace_s}) "
+                f"<= kubernetes.termination_grace_s ({k.termination_grace_s}): after SIGTERM the trainer saves "
+                "within cancel_grace_s, and the pod is killed after termination_grace_s")
+        return self
+
+
+class EvalConfig(Section):
+    """The evaluation gate: paired bootstrap of the bits-per-byte improvement over the baseline."""
+
+    batch_size: PositiveInt = 16
+    max_batches: int | None = Field(None, gt=0, description="Cap on validation batches; None = all")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when a GPU is visible")
+    baseline: str = Field(
+        "champion", pattern=r"^(champion|parent|floor|models:/.+)$",
+        description="'champion' (registry alias; the floor while none is registered), 'parent', 'floor', "
+                    "or a models:/NAME/VERSION or models:/NAME@ALIAS URI")
+    floor: Literal["unigram", "uniform"] = Field(
+        "unigram", description="What a model must beat with no baseline: the validation set's unigram entropy, "
+                               "or a uniform guess over the vocabulary")
+    min_improvement: float = Field(
+        0.0, ge=0.0, description="Bits per byte the candidate must gain (at the lower confidence bound) to pass")
+    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="One-sided confidence of the gate's lower bound")
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000, description="Paired bootstrap resamples")
+    seed: int = Field(0, description="Seed of the bootstrap and of the sampled generations")
+    prompts: list[Annotated[str, Field(min_length=1)]] = Field(
+        ["The ", "In the "], max_length=16, description="Fixed prompts whose generations the report shows")
+    generate_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(48, description="New tokens per generation")
+    temperature: float = Field(0.8, ge=0.0, description="Sampling temperature; 0 = greedy")
+    top_k: int | None = Field(40, gt=0, description="Sample from the k most likely tokens; None = all")
+
+
+class RegistryConfig(Section):
+    """MLflow registration: names, aliases, and how hard to try when the server is away."""
+
+    model_name: str = Field("taxiway-gpt", min_length=1)
+    champion_alias: str = "champion"
+    challenger_alias: str = "challenger"
+    retries: Annotated[int, Field(ge=0, le=20)] = Field(
+        5, description="Retries of a transient MLflow failure (connection refused, database locked, 5xx)")
+    retry_backoff_s: float = Field(2.0, ge=0.0, description="First retry delay; doubles each retry, capped at 60 s")
+    lock_timeout_s: float = Field(
+        300.0, gt=0.0, description="Longest wait for the champion lock; then registration fails (and may be retried)")
+    max_reevaluations: Annotated[int, Field(ge=0, le=10)] = Field(
+        3, description="Re-evaluations against a champion that moved while this run was being evaluated")
+
+
+class RunConfig(Section):
+    name: str = Field("taxiway", min_length=1, pattern=r"^[A-Za-z0-9._-]+$",
+                      description="Experiment name (MLflow experiment)")
+    data: DataConfig
+    preflight: PreflightConfig = PreflightConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    pack: PackConfig = PackConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    compute: ComputeConfig = ComputeConfig()
+    eval: EvalConfig = EvalConfig()
+    registry: RegistryConfig = RegistryConfig()
+    parent: str | None = Field(None, description="models:/ URI to continue training from")
+
+    @model_validator(mode="after")
+    def _context_fits(self) -> RunConfig:
+        if self.pack.seq_len > self.model.block_size:
+            raise ValueError(
+                f"pack.seq_len ({self.pack.seq_len}) exceeds model.block_size ({self.model.block_size})")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def sha256(self) -> str:
+        """Hash of the canonical YAML, the identity recorded in checkpoints and lineage."""
+        return hashlib.sha256(self.to_yaml().encode()).hexdigest()

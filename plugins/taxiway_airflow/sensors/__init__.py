@@ -1,0 +1,1 @@
+"""Sensors: wait for what a later stage needs (``checkpoint``: the final checkpoint, complete and valid)."""

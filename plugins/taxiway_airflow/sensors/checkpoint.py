@@ -1,0 +1,34 @@
+"""Evaluation starts only once the final checkpoint is complete, valid and exported."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+
+from taxiway_airflow.failures import failure_kinds
+
+log = logging.getLogger("taxiway")
+
+
+class CheckpointSensor(BaseSensorOperator):
+    """Pokes ``training.final_checkpoint_ready`` (rescheduled between pokes: holds no worker slot)."""
+
+    template_fields = ("run",)
+
+    def __init__(self, *, run: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("poke_interval", 5)
+        kwargs.setdefault("timeout", 600)
+        kwargs.setdefault("mode", "reschedule")
+        super().__init__(**kwargs)
+        self.run = run
+
+    def poke(self, context: Any) -> bool:
+        from pipelines import training
+
+        with failure_kinds():
+            ready, reason = training.final_checkpoint_ready(Path(self.run["run_dir"]))
+        log.info("%s", reason)
+        return ready

@@ -1,0 +1,191 @@
+"""The layers as an import graph: ``pipelines`` modules form no import circle (in-function imports
+included — a circle held together by imports inside functions is still a circle), ``trainer``
+imports neither ``pipelines`` nor ``eval``, ``eval`` imports nothing from ``pipelines``, and neither
+``pipelines`` nor ``eval`` imports ``airflow`` (docs/architecture.md, Layers).
+
+The graph is read from the source with ``ast``, without importing anything: every ``import x`` and
+``from x import y`` anywhere in a module (top level, functions, ``TYPE_CHECKING`` blocks) is an
+edge; ``from pkg import mod`` is an edge to the submodule ``pkg.mod`` when there is one, else to
+``pkg``. An import of ``a.b.c`` is an edge to ``a.b.c`` only: Python runs the packages above it
+first, but a package's ``__init__`` re-exporting its own modules is not a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from conftest import REPO
+
+LAYERS = ("pipelines", "trainer", "eval")
+
+Graph = dict[str, dict[str, str]]  # module → {imported module: "file:line" of its first import}
+
+
+def module_files(root: Path, packages: Iterable[str] = LAYERS) -> dict[str, Path]:
+    """Every module under the given top-level packages: dotted name → file."""
+    out: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if "__pycache__" in parts:
+                continue
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: Mapping[str, Path], root: Path) -> dict[str, str]:
+    """What module ``name`` (at ``path``) imports, each with where: {module: "file:line"}."""
+    is_package = path.name == "__init__.py"
+    out: dict[str, str] = {}
+
+    def add(target: str, node: ast.AST) -> None:
+        out.setdefault(target, f"{path.relative_to(root)}:{node.lineno}")
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's own package, one level up per extra dot
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                package = package[:len(package) - node.level + 1]
+                base = ".".join(package + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                add(sub if sub in modules else base, node)
+    out.pop(name, None)
+    return out
+
+
+def import_graph(root: Path = REPO, packages: Iterable[str] = LAYERS) -> Graph:
+    modules = module_files(root, packages)
+    return {name: imports_of(name, path, modules, root) for name, path in modules.items()}
+
+
+def find_cycle(graph: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """An import circle as a path ``[a, b, …, a]``, or None when the graph is acyclic."""
+    state: dict[str, int] = {}  # absent: unseen, 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def _within(graph: Graph, prefix: str) -> dict[str, dict[str, str]]:
+    return {m: {t: w for t, w in deps.items() if _under(t, prefix)} for m, deps in graph.items() if _under(m, prefix)}
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _circle_message(graph: Graph, cycle: list[str]) -> str:
+    steps = "\n".join(f"  {a} → {b}   ({graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False))
+    return (f"import circle among pipelines modules: {' → '.join(cycle)}\n{steps}\n"
+            "break it by moving what both need into a module below both (imports go one way only)")
+
+
+def _forbidden(graph: Graph, importer: str, banned: tuple[str, ...]) -> list[str]:
+    return [f"  {m} imports {t}   ({where})" for m, deps in sorted(graph.items()) if _under(m, importer)
+            for t, where in sorted(deps.items()) if any(_under(t, b) for b in banned)]
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_sees_every_layer_and_in_function_imports():
+    """A walker that found nothing would pass every check below."""
+    for package in LAYERS:
+        assert sum(_under(m, package) for m in GRAPH) >= 5, f"{package}: too few modules found in {REPO}"
+    assert "pipelines.registry" in GRAPH["pipelines.stages"], "stages imports the registry inside functions"
+    assert "eval.gate" in GRAPH["pipelines.stages"], "stages imports eval inside evaluate()"
+    assert "pipelines.registry.client" in GRAPH["pipelines.registry.champion"], "from-imports of a submodule"
+
+
+def test_pipelines_modules_import_each_other_without_a_circle():
+    inner = _within(GRAPH, "pipelines")
+    cycle = find_cycle(inner)
+    assert cycle is None, _circle_message(inner, cycle)
+
+
+REGISTRY_ORDER = ("client", "locks", "metrics", "lineage", "runs", "champion")  # pipelines/registry/__init__.py
+
+
+def test_registry_modules_import_only_those_below_them():
+    """Each registry module may import only modules listed before it — never the package's
+    ``__init__`` (which re-exports them all) nor the stages that call it."""
+    modules = {m.removeprefix("pipelines.registry.") for m in GRAPH if m.startswith("pipelines.registry.")}
+    assert modules == set(REGISTRY_ORDER), f"pipelines/registry/ holds {sorted(modules)}; update REGISTRY_ORDER"
+    bad = []
+    for i, module in enumerate(REGISTRY_ORDER):
+        allowed = {f"pipelines.registry.{m}" for m in REGISTRY_ORDER[:i]}
+        for target, where in sorted(GRAPH[f"pipelines.registry.{module}"].items()):
+            if (_under(target, "pipelines.registry") and target not in allowed) or _under(target, "pipelines.stages"):
+                bad.append(f"  pipelines.registry.{module} imports {target}   ({where})")
+    assert not bad, (f"each registry module may import only those listed before it ({', '.join(REGISTRY_ORDER)}):\n"
+                     + "\n".join(bad))
+
+
+def test_trainer_imports_neither_pipelines_nor_eval():
+    bad = _forbidden(GRAPH, "trainer", ("pipelines", "eval"))
+    assert not bad, "trainer/ is the bottom layer; it must not import pipelines or eval:\n" + "\n".join(bad)
+
+
+def test_pipelines_and_eval_never_import_airflow():
+    bad = _forbidden(GRAPH, "pipelines", ("airflow",)) + _forbidden(GRAPH, "eval", ("airflow",))
+    assert not bad, ("pipelines/ and eval/ run outside Airflow (CLI, pods, tests); only plugins/ and dags/ "
+                     "may import airflow:\n" + "\n".join(bad))
+
+
+def test_eval_imports_nothing_from_pipelines():
+    bad = _forbidden(GRAPH, "eval", ("pipelines",))
+    assert not bad, "eval/ sits below pipelines/ (it may use trainer/ only):\n" + "\n".join(bad)
+
+
+# --- the checks can fail -----------------------------------------------------------------------------
+
+def test_find_cycle_reports_a_planted_circle_and_passes_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"z"}, "z": {"y"}}) == ["y", "z", "y"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
+    assert find_cycle({}) is None
+
+
+def test_a_circle_through_an_in_function_and_a_relative_import_is_found(tmp_path: Path):
+    pkg = tmp_path / "pipelines"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .low import x\n")
+    (pkg / "sub" / "low.py").write_text("x = 1\n\ndef late():\n    from pipelines import high\n    return high\n")
+    (pkg / "high.py").write_text("from pipelines.sub import low\nimport airflow.models\n")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "loop.py").write_text("def f():\n    import pipelines.high\n")
+    graph = import_graph(tmp_path, ("pipelines", "trainer"))
+    assert graph["pipelines.sub"] == {"pipelines.sub.low": "pipelines/sub/__init__.py:1"}
+    assert set(graph["pipelines.high"]) == {"pipelines.sub.low", "airflow.models"}
+    cycle = find_cycle(_within(graph, "pipelines"))
+    assert cycle == ["pipelines.high", "pipelines.sub.low", "pipelines.high"]
+    message = _circle_message(graph, cycle)
+    assert "pipelines.sub.low → pipelines.high   (pipelines/sub/low.py:4)" in message
+    assert _forbidden(graph, "pipelines", ("airflow",)) == [
+        "  pipelines.high imports airflow.models   (pipelines/high.py:2)"]
+    assert _forbidden(graph, "trainer", ("pipelines", "eval")) == [
+        "  trainer.loop imports pipelines.high   (trainer/loop.py:2)"]
