@@ -11,8 +11,9 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from pipelines import atomic, manifest
+from pipelines import manifest
 from pipelines.errors import BadInput
+from trainer import fsio
 
 # Folders of generated or near-identical files (codec tables, test fixtures) that would make
 # train and val overlap by construction.
@@ -58,7 +59,7 @@ def write_demo_data(out_dir: str | Path, seed: int = 0, val_fraction: float = 0.
     splits = {"val": unique[:n_val], "train": unique[n_val:]}
     staging = out.parent / f"{out.name}.new"
     shutil.rmtree(staging, ignore_errors=True)
-    with atomic.staged_dir(staging) as stage:
+    with fsio.staged_dir(staging) as stage:
         entries = []
         for split in manifest.SPLITS:
             folder = stage / split

@@ -6,7 +6,6 @@ manifest and the data may live on any fsspec filesystem.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -14,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from pipelines import atomic, storage
+from pipelines import storage
 from pipelines.errors import BadInput
 from pipelines.progress import Progress
+from trainer import fsio
+from trainer.fsio import sha256_file
 
 SPLITS = ("train", "val")
 
@@ -31,11 +32,6 @@ class Entry:
     split: str
     bytes: int
     sha256: str
-
-
-def sha256_file(path: str | Path) -> str:
-    """Streamed hash of a local file: constant memory whatever the file size."""
-    return storage.sha256(storage.locate(path))
 
 
 def hash_files(locs: list[storage.Location], workers: int | None = None,
@@ -81,7 +77,7 @@ def render(entries: Iterable[Entry]) -> str:
 def write(path: str | Path, entries: list[Entry]) -> str:
     loc = storage.locate(path)
     if loc.local:
-        return str(atomic.write_text(loc.path, render(entries)))
+        return str(fsio.write_text(loc.path, render(entries)))
     tmp = f"{loc.path}.tmp"
     loc.fs.pipe_file(tmp, render(entries).encode())
     loc.fs.mv(tmp, loc.path)
@@ -138,7 +134,7 @@ def read(path: str | Path) -> list[Entry]:
 
 def digest(path: str | Path) -> str:
     """sha256 of the manifest file itself: the dataset's identity in lineage."""
-    return hashlib.sha256(storage.read_bytes(storage.locate(path))).hexdigest()
+    return storage.sha256(storage.locate(path))
 
 
 def root_of(path: str | Path) -> storage.Location:

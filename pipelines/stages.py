@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines import atomic
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import BadInput, CheckFailed
 from pipelines.registry import lineage
 from pipelines.run_folder import RunFolder, State
+from trainer import fsio
 
 log = logging.getLogger("taxiway.stages")
 
@@ -39,8 +39,8 @@ def prepare(cfg: RunConfig, run_dir: Path) -> Path:
     path = folder.config
     if path.exists() and path.read_text() != cfg.to_yaml():
         raise BadInput(f"{run_dir}: run folder already holds a different config; use another --run-dir")
-    atomic.write_text(path, cfg.to_yaml())
-    atomic.write_text(folder.config_sha256, cfg.sha256() + "\n")
+    fsio.write_text(path, cfg.to_yaml())
+    fsio.write_text(folder.config_sha256, cfg.sha256() + "\n")
     return path
 
 
@@ -79,12 +79,11 @@ def tokenize(cfg: RunConfig, run_dir: Path):
 
 def parent_tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
     """The parent's tokenizer; an explicit ``tokenizer.path`` that differs from it is refused."""
-    from pipelines.tokenize import bpe
 
     theirs = _require(parent_dir / "tokenizer.json", "register (the parent has no tokenizer.json)")
-    if cfg.tokenizer.path and bpe.file_sha256(cfg.tokenizer.path) != bpe.file_sha256(theirs):
+    if cfg.tokenizer.path and fsio.sha256_file(cfg.tokenizer.path) != fsio.sha256_file(theirs):
         raise BadInput(f"tokenizer.path {cfg.tokenizer.path} differs from the parent model's tokenizer "
-                         f"({cfg.parent}, sha256 {bpe.file_sha256(theirs)[:12]}…): continued training must keep "
+                         f"({cfg.parent}, sha256 {fsio.sha256_file(theirs)[:12]}…): continued training must keep "
                          "the parent's vocabulary; unset tokenizer.path")
     return theirs
 
@@ -150,7 +149,7 @@ def finish_train(run_dir: Path) -> Path:
     _require(model_dir / "model.safetensors", "train")
     packed = Path(lineage.packed_info(run_dir)["path"])
     for name in ("tokenizer.json", "token_bytes.npy"):
-        atomic.write_bytes(model_dir / name, (packed / name).read_bytes())
+        fsio.write_bytes(model_dir / name, (packed / name).read_bytes())
     return model_dir
 
 
@@ -238,7 +237,7 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
     report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
                                str(folder.model))
     for name, data in eval_report.files(report, paired, decision).items():
-        atomic.write_bytes(folder.eval / name, data)
+        fsio.write_bytes(folder.eval / name, data)
     log.info("%s", report["reason"])
     return report
 
@@ -248,10 +247,9 @@ def _baseline_packed(cfg: RunConfig, run_dir: Path, packed: Path, baseline_dir: 
     else the same (possibly decontaminated) val text packed with the baseline's own tokenizer."""
     from pipelines import tokenize as tk
     from pipelines.preflight.decontaminate import effective_data
-    from pipelines.tokenize import bpe
 
     theirs = _require(baseline_dir / "tokenizer.json", "register (the baseline has no tokenizer.json)")
-    if bpe.file_sha256(theirs) == bpe.file_sha256(packed / "tokenizer.json"):
+    if fsio.sha256_file(theirs) == fsio.sha256_file(packed / "tokenizer.json"):
         return packed
     data = effective_data(cfg, run_dir)
     other = data.model_copy(update={"tokenizer": data.tokenizer.model_copy(update={"path": str(theirs)})})
@@ -293,7 +291,7 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     if isinstance(outcome, registry.ChampionMoved):
         outcome = registry.set_challenger(reg, registered.version, outcome.reason)
     result = registered.record(outcome.alias, outcome.reason)
-    atomic.write_json(folder.registry_record, result)
+    fsio.write_json(folder.registry_record, result)
     return result
 
 

@@ -8,14 +8,12 @@ instead of an endless walk.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from pipelines.errors import BadInput
-
-_CHUNK = 1 << 20
+from trainer.fsio import sha256_stream
 
 
 class StorageError(BadInput):
@@ -97,11 +95,8 @@ def read_bytes(loc: Location) -> bytes:
 def sha256(loc: Location) -> str:
     """Streamed: constant memory whatever the file size. hashlib releases the GIL on large
     updates, so threads hash files in parallel."""
-    digest = hashlib.sha256()
     with (open(loc.path, "rb", buffering=0) if loc.local else loc.fs.open(loc.path, "rb")) as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_stream(fh)
 
 
 def relative(loc: Location, root: Location) -> str:

@@ -143,9 +143,9 @@ def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed,
     cfg, path = packed
     run_dir = tmp_path / "reattach"
     stages.prepare(cfg, run_dir)
-    from pipelines import atomic
+    from trainer import fsio
 
-    atomic.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
+    fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
     store = _Store()
     context = {"task_state_store": store, "run_id": "manual__reattach", "ti": _RunningTI()}
     first = TrainGang(task_id="gang", run={"run_dir": str(run_dir)})

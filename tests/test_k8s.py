@@ -643,7 +643,8 @@ def fake_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture(scope="module")
 def k8s_run(tmp_path_factory: pytest.TempPathFactory):
     """A prepared and tokenized run folder under the pods' mount path (TAXIWAY_HOME), 1 node, 6 steps."""
-    from pipelines import atomic, stages, tokenize
+    from pipelines import stages, tokenize
+    from trainer import fsio
 
     root = tmp_path_factory.mktemp("k8s")
     env = pytest.MonkeyPatch()
@@ -654,7 +655,7 @@ def k8s_run(tmp_path_factory: pytest.TempPathFactory):
     run_dir = root / "home" / "runs" / "k8s-run"
     stages.prepare(cfg, run_dir)
     packed = tokenize.run(cfg).path
-    atomic.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
+    fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
     yield {"run_dir": str(run_dir)}
     env.undo()
 

@@ -112,8 +112,8 @@ def _artifacts(c, run_id: str, path: str | None = None) -> set[str]:
 
 
 def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, models, home: Path):
-    from pipelines.manifest import sha256_file
     from pipelines.registry import RUN_KEY_TAG, client
+    from trainer.fsio import sha256_file
 
     name = _unique(f"lineage-{backend}")
     first = _run(home, models["strong"], name, "first")

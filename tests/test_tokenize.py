@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from conftest import TINY
 from pipelines import manifest
 from pipelines.config import load_config
+from trainer import fsio
 from trainer.data import PackedSplit, ShardedSampler
 
 DOCS = {
@@ -141,7 +142,7 @@ def test_two_processes_packing_the_same_key(corpus: Path):
     packed = Path(results[0][0])
     m = json.loads((packed / "manifest.json").read_text())
     for shard in m["splits"]["train"]["shards"]:
-        assert manifest.sha256_file(packed / shard["path"]) == shard["sha256"]
+        assert fsio.sha256_file(packed / shard["path"]) == shard["sha256"]
 
 
 @settings(max_examples=int(os.environ.get("TAXIWAY_HYPOTHESIS_EXAMPLES", "25")), deadline=None, derandomize=True,

@@ -137,11 +137,12 @@ def test_sigterm_checkpoints_and_exits_canceled(packed, tmp_path: Path):
 def test_smoke_passes_in_seconds_and_fails_fast_on_bad_input(packed, tmp_path: Path):
     import time
 
-    from pipelines import atomic, stages
+    from pipelines import stages
+    from trainer import fsio
 
     cfg, path = packed
     run_dir = tmp_path / "smoke"
-    atomic.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
+    fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
     started = time.monotonic()
     result = stages.smoke(cfg, run_dir)
     assert result["smoke"] == "passed" and result["step"] == 3 and result["restarts"] == 1

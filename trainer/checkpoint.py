@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from trainer import TrainerError
-from trainer.fsio import sha256_file, write_json_atomic
+from trainer.fsio import sha256_file, write_json
 
 log = logging.getLogger("trainer.checkpoint")
 _NAME = re.compile(r"^step-(\d{8})$")
@@ -115,11 +115,11 @@ def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: di
     sums = {"model.pt": _save_hashed(model_state, tmp / "model.pt", progress)}
     after_model()
     sums["optim.pt"] = _save_hashed(optim_state, tmp / "optim.pt", progress)
-    write_json_atomic(tmp / "meta.json", meta)
+    write_json(tmp / "meta.json", meta)
     for p in sorted(tmp.iterdir()):
         if p.is_file() and p.name not in sums and not p.name.startswith("."):
             sums[p.name] = sha256_file(p)
-    write_json_atomic(tmp / "checksums.json", dict(sorted(sums.items())))
+    write_json(tmp / "checksums.json", dict(sorted(sums.items())))
     final = step_dir(root, step)
     if final.exists():  # a resumed run re-saving a step whose old copy was found invalid
         shutil.rmtree(final)

@@ -2,7 +2,7 @@
 
 Crash tests need faults at exact points (a SIGKILL in the middle of a checkpoint write, a NaN at
 step 3, one slow rank); timing a kill from outside cannot hit them reliably. Each hook is one
-environment variable:
+environment variable, and the loop reaches them only as ``trainer/hooks.py`` hooks:
 
 - ``TAXIWAY_TEST_HOLD=step:6`` — rank 0 stops after finishing step 6; ``write:8`` — rank 0's
   checkpoint writer stops after ``model.pt`` of step 8 (before ``optim.pt`` and ``checksums.json``).
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.hooks import LoopHook
+
 
 def _rank_value(raw: str | None) -> tuple[int, str] | None:
     if not raw:
@@ -37,7 +39,8 @@ def _steps(raw: str | None) -> frozenset[int]:
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(LoopHook):
+    scratch: Path                     # where hold markers go (the run's train/ folder)
     hold: tuple[str, int] | None = None
     nan_steps: frozenset[int] = frozenset()
     spike_steps: frozenset[int] = frozenset()
@@ -46,11 +49,13 @@ class Faults:
     fake_torch: tuple[int, str] | None = None
 
     @classmethod
-    def from_env(cls) -> Faults:
+    def from_env(cls, scratch: Path) -> list[LoopHook]:
+        """The run's fault hooks: none unless a ``TAXIWAY_TEST_*`` variable is set."""
         env = os.environ
         hold = env.get("TAXIWAY_TEST_HOLD")
         slow = _rank_value(env.get("TAXIWAY_TEST_SLOW_RANK"))
-        return cls(
+        faults = cls(
+            scratch=scratch,
             hold=(hold.split(":")[0], int(hold.split(":")[1])) if hold else None,
             nan_steps=_steps(env.get("TAXIWAY_TEST_NAN_STEPS")),
             spike_steps=_steps(env.get("TAXIWAY_TEST_SPIKE_STEPS")),
@@ -58,25 +63,32 @@ class Faults:
             stall_data_step=int(env["TAXIWAY_TEST_STALL_DATA_STEP"]) if env.get("TAXIWAY_TEST_STALL_DATA_STEP") else None,
             fake_torch=_rank_value(env.get("TAXIWAY_TEST_FAKE_TORCH")),
         )
+        return [faults] if faults != cls(scratch) else []
 
-    def maybe_hold(self, kind: str, step: int, scratch: Path) -> None:
+    def _hold(self, kind: str, step: int) -> None:
         if self.hold == (kind, step):
-            marker = scratch / f"held-{kind}-{step}"
+            marker = self.scratch / f"held-{kind}-{step}"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(os.getpid()))
             while True:
                 time.sleep(3600)
 
-    def corrupt_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to back-propagate (``step`` 1-based): NaN on the chosen steps, so the gradients are too."""
+    def after_step(self, rank: int, step: int) -> None:
+        if rank == 0:
+            self._hold("step", step)
+
+    def after_model_written(self, step: int) -> None:
+        self._hold("write", step)
+
+    def loss_for_backward(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """NaN on the chosen steps, so the gradients are too."""
         return loss * float("nan") if step in self.nan_steps else loss
 
-    def measured_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """The step's loss as the spike detector sees it: 10x on the chosen steps, the update untouched."""
+    def loss_measured(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """10x on the chosen steps, the update untouched."""
         return loss * 10 if step in self.spike_steps else loss
 
     def before_batch(self, rank: int, step: int) -> None:
-        """``step`` is the 1-based step the batch is for."""
         if self.slow_rank and self.slow_rank[0] == rank:
             time.sleep(self.slow_rank[1])
         if self.stall_data_step == step:

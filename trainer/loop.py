@@ -27,6 +27,7 @@ from trainer.data import PackedSplit, ShardedSampler
 from trainer.events import Events
 from trainer.faults import Faults
 from trainer.health import DataWatchdog, LocalTimer, NonFiniteGuard, SpikeDetector, StragglerDetector
+from trainer.hooks import Hooks
 from trainer.model import GPT
 from trainer.parallel import Dist
 from trainer.saver import Committed, Saver
@@ -100,9 +101,9 @@ def train(spec: TrainSpec) -> int:
             events.emit("rendezvous_reached", backend=ctx.backend, world_size=ctx.world,
                         seconds=round(ctx.rendezvous_s, 3),
                         master=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
-        faults = Faults.from_env()
-        startup.run(ctx, spec.world_size, events, faults)
-        return _Run(spec, ctx, status, events, term, faults).run()
+        hooks = Hooks(Faults.from_env(spec.paths.scratch))
+        startup.run(ctx, spec.world_size, events, hooks)
+        return _Run(spec, ctx, status, events, term, hooks).run()
     except TrainerError as exc:
         status.update(state=State.FAILED, error=str(exc), force=True)
         events.emit("failed", logging.ERROR, error=str(exc), exit_code=exc.code)
@@ -120,15 +121,15 @@ class _Run:
     """One attempt of one job on one rank: the state the loop carries between steps."""
 
     def __init__(self, spec: TrainSpec, ctx: Dist, status: StatusWriter, events: Events, term: _Termination,
-                 faults: Faults) -> None:
-        self.spec, self.ctx, self.status, self.events, self.term, self.faults = spec, ctx, status, events, term, faults
+                 hooks: Hooks) -> None:
+        self.spec, self.ctx, self.status, self.events, self.term, self.hooks = spec, ctx, status, events, term, hooks
         self.t = spec.train
         self.kind = self.t.parallel if ctx.world > 1 else "ddp"  # one process: nothing to shard
         self.step = self.tokens_seen = 0
         self.parent_uri = spec.parent.uri if spec.parent else None
         self.saver = Saver(spec.checkpoints, spec.checkpoint.keep_last_n, spec.checkpoint.async_save,
                            pin=ctx.device.type == "cuda",
-                           after_model=lambda step: faults.maybe_hold("write", step, spec.paths.scratch))
+                           after_model=hooks.after_model_written)
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -248,19 +249,19 @@ class _Run:
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
                 with watchdog.waiting(self.step + 1):
-                    self.faults.before_batch(ctx.rank, self.step + 1)
+                    self.hooks.before_batch(ctx.rank, self.step + 1)
                     batch = self.data.batch(self.sampler.next_indices())
                 x, y, d = (torch.from_numpy(a).to(device, non_blocking=True) for a in batch)
                 last = micro == accum - 1
                 with parallel.grad_sync(self.wrapped, self.kind, last):
                     with autocast():
                         _, loss = self.wrapped(x, y, d)
-                    loss = self.faults.corrupt_loss(self.step + 1, loss)
+                    loss = self.hooks.loss_for_backward(self.step + 1, loss)
                     if last:
                         timer.mark()
                     (loss / accum).backward()
                 loss_sum += loss.detach()
-            loss_sum = self.faults.measured_loss(self.step + 1, loss_sum)
+            loss_sum = self.hooks.loss_measured(self.step + 1, loss_sum)
             grad_norm = parallel.clip_grad_norm(self.model, t.grad_clip)
 
             # one collective per step, overlapped with the update: stop flag, loss, grad norm, each rank's time
@@ -291,8 +292,7 @@ class _Run:
             if ctx.rank == 0 and self.kind != "fsdp" and not self.saver.reserved:
                 self.saver.reserve(parallel.full_state(self.model, self.optim, self.kind)[:2])
             self._note_slow_ranks(stragglers.observe(rank_times), rank_times)
-            if ctx.rank == 0:
-                self.faults.maybe_hold("step", self.step, spec.paths.scratch)
+            self.hooks.after_step(ctx.rank, self.step)
             self._drain()
 
             final = self.step == end

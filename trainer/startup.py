@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from trainer import StartupCheckFailed
 from trainer.events import Events
-from trainer.faults import Faults
+from trainer.hooks import LoopHook
 from trainer.parallel import Dist
 
 MIN_SHM_NCCL = 512 << 20   # NCCL's shared-memory transport fails on Docker's 64 MiB default
@@ -48,15 +48,15 @@ def _shm(ctx: Dist) -> tuple[dict[str, Any], str | None]:
     return info, None
 
 
-def _versions(ctx: Dist, faults: Faults) -> dict[str, Any]:
+def _versions(ctx: Dist, hooks: LoopHook) -> dict[str, Any]:
     nccl = None
     if ctx.backend == "nccl":
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {"torch": faults.torch_version(ctx.rank, torch.__version__), "nccl": nccl,
+    return {"torch": hooks.torch_version(ctx.rank, torch.__version__), "nccl": nccl,
             "cuda": torch.version.cuda, "python": platform.python_version()}
 
 
-def run(ctx: Dist, expected_world: int | None, events: Events, faults: Faults) -> None:
+def run(ctx: Dist, expected_world: int | None, events: Events, hooks: LoopHook) -> None:
     """Raises ``StartupCheckFailed`` (on every rank) naming each failed check and rank."""
     devices, device_problem = _devices(ctx)
     shm, shm_problem = _shm(ctx)
@@ -66,7 +66,7 @@ def run(ctx: Dist, expected_world: int | None, events: Events, faults: Faults) -
         failures.append(f"world_size: {ctx.world} processes joined, the config asks for {expected_world} "
                         "(compute.nodes x compute.procs_per_node)")
     mine = {"rank": ctx.rank, "host": platform.node(), "devices": devices, "shm": shm, "failures": failures,
-            "versions": _versions(ctx, faults)}
+            "versions": _versions(ctx, hooks)}
     for failure in failures:
         events.emit("check_failed", logging.ERROR, write=False, problem=failure)
     everyone: list[Any] = [mine]

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.fsio import utc_now, write_json_atomic
+from trainer.fsio import utc_now, write_json
 from trainer.paths import TrainerPaths
 
 
@@ -59,7 +59,7 @@ class StatusWriter:
         now = time.monotonic()
         if self.enabled and (force or "state" in fields or now - self._last >= self.every_s):
             self.fields["heartbeat_at"] = utc_now()
-            write_json_atomic(self.path, self.fields, durable=False)
+            write_json(self.path, self.fields, durable=False)
             self._last = now
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -75,4 +75,4 @@ def record_failure(path: Path, error: str) -> None:
         fields = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         fields = {}
-    write_json_atomic(path, {**fields, "state": State.FAILED, "error": error, "heartbeat_at": utc_now()})
+    write_json(path, {**fields, "state": State.FAILED, "error": error, "heartbeat_at": utc_now()})

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines import atomic
 from pipelines.errors import CheckFailed, Transient
 from pipelines.launch.spec import LaunchSpec
 from pipelines.run_folder import RunFolder, State
+from trainer import fsio
 from trainer.fsio import utc_now
 
 RUNNING, SUCCEEDED, FAILED = State.RUNNING, State.SUCCEEDED, State.FAILED
@@ -69,7 +69,7 @@ class Handle:
                    raw["started_at"])
 
     def save(self) -> None:
-        atomic.write_json(self.path, {"gang_id": self.gang_id, "attempt": self.attempt,
+        fsio.write_json(self.path, {"gang_id": self.gang_id, "attempt": self.attempt,
                                       "nodes": [asdict(n) for n in self.nodes], "started_at": self.started_at})
 
 
@@ -96,11 +96,11 @@ HANDOFF, WATCHED = "handoff", "watched"
 def hand_over(handle: Handle) -> None:
     """The current watcher is leaving; the next must ``take_over`` within half the cancel grace, or
     the nodes cancel themselves (a cancel landing in between would otherwise reach nobody)."""
-    atomic.write_text(RunFolder.of_gang(handle.path).gang_lease, HANDOFF)
+    fsio.write_text(RunFolder.of_gang(handle.path).gang_lease, HANDOFF)
 
 
 def take_over(handle: Handle) -> None:
-    atomic.write_text(RunFolder.of_gang(handle.path).gang_lease, WATCHED)
+    fsio.write_text(RunFolder.of_gang(handle.path).gang_lease, WATCHED)
 
 
 def free_port() -> int:
@@ -135,7 +135,7 @@ def submit(spec: LaunchSpec) -> Handle:
            "PYTHONUNBUFFERED": "1", "TAXIWAY_GANG_ATTEMPT": str(attempt),
            GRACE_ENV: str(spec.cancel_grace_s),
            UNWATCHED_ENV: str(spec.unwatched_timeout_s), LEASE_ENV: str(lease_path(spec.run_dir))}
-    atomic.write_text(lease_path(spec.run_dir), WATCHED)
+    fsio.write_text(lease_path(spec.run_dir), WATCHED)
     nodes = []
     for rank in range(spec.nodes):
         log, exit_file = attempt_dir / f"node-{rank}.log", attempt_dir / f"node-{rank}.exit.json"
@@ -242,7 +242,7 @@ def cancel(handle: Handle, why: str = CLEANUP) -> None:
     would cut short torchrun's own shutdown (it dies of it, -15)."""
     if cancel_reason(handle):
         return
-    atomic.write_text(_cancel_marker(handle), f"{handle.gang_id}\n{why}")
+    fsio.write_text(_cancel_marker(handle), f"{handle.gang_id}\n{why}")
     groups = [n.pid for n in handle.nodes if _node_state(n)[0] == "running"]
     members = [p for p in processes(handle.gang_id) if _group(p) not in groups]  # workers: own sessions
     for sig in (signal.SIGTERM, signal.SIGCONT):

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipelines.launch.local import GRACE_ENV, HANDOFF, LEASE_ENV, MARKER, UNWATCHED_ENV, processes
-from trainer.fsio import utc_now, write_json_atomic
+from trainer.fsio import utc_now, write_json
 
 
 def _kill_the_rest(gang_id: str | None, child: subprocess.Popen) -> None:
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     code = proc.wait()
     for timer in deadline:
         timer.cancel()
-    write_json_atomic(exit_file, {"code": code, "finished_at": utc_now()})
+    write_json(exit_file, {"code": code, "finished_at": utc_now()})
     return code if code >= 0 else 128 - code
 
 

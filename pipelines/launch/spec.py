@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import atomic
 from pipelines.config import RunConfig
 from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
         "cancel_grace_s": max(1.0, cfg.compute.cancel_grace_s - 5.0),
     }
-    return atomic.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
+    return fsio.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
 
 
 def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec:

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines import atomic
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import decontaminate
 from pipelines.preflight.documents_check import check_documents
@@ -20,6 +19,7 @@ from pipelines.preflight.manifest_check import check_manifest
 from pipelines.preflight.overlap import check_overlap
 from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
 from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 log = logging.getLogger("taxiway.preflight")
 
@@ -34,7 +34,7 @@ assert tuple(CHECKS) == CHECK_NAMES
 
 def run_check(name: str, cfg: RunConfig, run_dir: Path) -> CheckResult:
     result = CHECKS[name](cfg, Path(run_dir))
-    atomic.write_json(RunFolder(run_dir).preflight_check(name), result.to_json())
+    fsio.write_json(RunFolder(run_dir).preflight_check(name), result.to_json())
     return result
 
 
@@ -82,8 +82,8 @@ def gate(cfg: RunConfig, run_dir: Path) -> Report:
     cleaned = _decontaminate(cfg, run_dir, results)
     report = assemble(list(results.values()), decontamination=cleaned)
     folder = RunFolder(run_dir)
-    atomic.write_json(folder.preflight_report, report.to_json())
-    atomic.write_text(folder.preflight_summary, report.markdown())
+    fsio.write_json(folder.preflight_report, report.to_json())
+    fsio.write_text(folder.preflight_summary, report.markdown())
     return report
 
 

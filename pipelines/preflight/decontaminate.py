@@ -14,12 +14,13 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
-from pipelines import atomic, manifest, storage
+from pipelines import manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import file_format, records, split_files
 from pipelines.errors import BadInput, CheckFailed
 from pipelines.preflight.overlap import file_key, record_key
 from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 
 def _filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
@@ -61,7 +62,7 @@ def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
     final = RunFolder(run_dir).clean_data
     shutil.rmtree(final, ignore_errors=True)
     entries, dropped = [], []
-    with atomic.staged_dir(final) as stage:
+    with fsio.staged_dir(final) as stage:
         for e in manifest.read(cfg.data.manifest):
             if e.split == "train":
                 link = stage / e.path
@@ -75,15 +76,15 @@ def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
                 dropped.append({"file": rel, "documents": n})
             if data is None:
                 continue
-            atomic.write_bytes(stage / rel, data)
-            entries.append(manifest.Entry(rel, "val", len(data), manifest.sha256_file(stage / rel)))
+            fsio.write_bytes(stage / rel, data)
+            entries.append(manifest.Entry(rel, "val", len(data), fsio.sha256_file(stage / rel)))
         manifest.write(stage / "manifest.jsonl", entries)
-        atomic.write_json(stage / "dropped.json", {"documents": sorted(drop), "files": dropped})
+        fsio.write_json(stage / "dropped.json", {"documents": sorted(drop), "files": dropped})
     if not any(e.split == "val" for e in entries):
         raise CheckFailed("decontamination would leave the val split empty")
     effective = {"val": str(final / PurePosixPath(val_rel)), "manifest": str(final / "manifest.jsonl"),
                  "dropped_documents": len(drop)}
-    atomic.write_json(RunFolder(run_dir).effective_data, effective)
+    fsio.write_json(RunFolder(run_dir).effective_data, effective)
     return effective
 
 

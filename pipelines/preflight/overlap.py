@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import atomic, manifest, storage
+from pipelines import manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import Record, file_format, records, split_files
 from pipelines.preflight.forked import split_map
 from pipelines.preflight.minhash import BATCH_BYTES, MinHasher, jaccard, lsh_params, shingle_sets, size_groups
 from pipelines.preflight.report import CheckResult
+from trainer import fsio
 
 _PREFILTER = 0.1                 # confirm candidates with estimated J >= threshold - this (~3 sigma at 128 perms)
 _EMPTY = np.iinfo(np.uint32).max  # signature of a document without shingles
@@ -219,4 +220,4 @@ def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    atomic.write_bytes(path, buf.getvalue())
+    fsio.write_bytes(path, buf.getvalue())

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pipelines import manifest
 from pipelines.config import RegistryConfig
 from pipelines.errors import BadInput, Transient
 from pipelines.run_folder import Cache, cache_dir, mlflow_tracking_uri
+from trainer import fsio
 
 log = logging.getLogger("taxiway.registry")
 
@@ -175,7 +175,7 @@ def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
         if not (got / "model.safetensors").is_file():
             raise ModelNotFound(f"{where}: no model.safetensors in {mv.source}")
         expected = (mv.tags or {}).get(WEIGHTS_TAG)
-        if expected and manifest.sha256_file(got / "model.safetensors") != expected:
+        if expected and fsio.sha256_file(got / "model.safetensors") != expected:
             raise ModelNotFound(f"{where}: model.safetensors at {mv.source} does not match the sha256 recorded "
                               f"at registration ({expected[:12]}…); the stored copy is corrupt")
         os.rename(got, final)

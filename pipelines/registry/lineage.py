@@ -18,6 +18,7 @@ from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import effective_data
 from pipelines.registry.client import WEIGHTS_TAG
 from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -58,7 +59,7 @@ def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_versio
         "taxiway.data_manifest_sha256": manifest.digest(effective_data(cfg, run_dir).data.manifest),
         "taxiway.packed_dataset": packed["key"],
         "taxiway.tokenizer_sha256": packed["manifest"]["tokenizer_sha256"],
-        WEIGHTS_TAG: manifest.sha256_file(RunFolder(run_dir).model / "model.safetensors"),
+        WEIGHTS_TAG: fsio.sha256_file(RunFolder(run_dir).model / "model.safetensors"),
         "taxiway.code_version": code_version,
         "taxiway.parent_model": parent_version(cfg, run_dir),
         "taxiway.run_dir": str(run_dir),

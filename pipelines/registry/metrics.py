@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines import atomic
 from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
 
@@ -34,7 +34,7 @@ def shipped_offset(run_dir: Path) -> int:
 
 def mark_shipped(run_dir: Path, offset: int) -> None:
     """Record that MLflow accepted every line before byte ``offset``."""
-    atomic.write_json(_offset_path(run_dir), {"offset": offset})
+    fsio.write_json(_offset_path(run_dir), {"offset": offset})
 
 
 def new_records(run_dir: Path, start: int | None = None) -> tuple[list[dict[str, Any]], int]:

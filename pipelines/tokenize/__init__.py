@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import atomic, manifest, storage
+from pipelines import manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.errors import BadInput
@@ -30,6 +30,7 @@ from pipelines.run_folder import Cache, RunFolder, cache_dir
 from pipelines.tokenize import allocator, bpe, engine
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
+from trainer import fsio
 
 log = logging.getLogger("taxiway.tokenize")
 
@@ -66,7 +67,7 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     folder = Cache(cache_dir()).tokenizer(hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32])
     if not (folder / "tokenizer.json").is_file():
         texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
-        with atomic.staged_dir(folder) as stage:
+        with fsio.staged_dir(folder) as stage:
             bpe.train(texts, cfg.tokenizer).save(str(stage / "tokenizer.json"))
     return folder / "tokenizer.json"
 
@@ -79,7 +80,7 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
     refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS if split in splits
             or (split == "train" and not cfg.tokenizer.path)}
     tok_path = tokenizer_for(cfg, refs.get("train", []))
-    tok_sha = bpe.file_sha256(tok_path)
+    tok_sha = fsio.sha256_file(tok_path)
     tok = bpe.load(tok_path, cfg.tokenizer.eos_token)
     dtype = dtype_for(tok.get_vocab_size(), cfg.pack.dtype)
     groups = {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits}
@@ -89,11 +90,11 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
     final = Cache(cache_dir()).packed(key)
     hit = (final / "manifest.json").is_file()
     if not hit:
-        with atomic.staged_dir(final) as stage:
+        with fsio.staged_dir(final) as stage:
             _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started)
     packed = Packed(final, key, hit)
     if run_dir is not None:
-        atomic.write_json(RunFolder(run_dir).packed_link,
+        fsio.write_json(RunFolder(run_dir).packed_link,
                           {"path": str(final), "key": key, "cache_hit": hit,
                            "seconds": round(time.perf_counter() - started, 3)})
     return packed
@@ -124,7 +125,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
     seconds = time.perf_counter() - started
     tokens = sum(s["tokens"] for s in splits.values())
     edges = np.unique(np.geomspace(1, max(2, max((int(d.max()) for d in doc_tokens.values() if len(d)), default=2)), 13).astype(int))
-    atomic.write_json(out / "manifest.json", {
+    fsio.write_json(out / "manifest.json", {
         "format_version": FORMAT_VERSION, "key": key, "seq_len": cfg.pack.seq_len,
         "dtype": dtype.name, "vocab_size": tok.get_vocab_size(), "eos_id": eos, "tokenizer_sha256": tok_sha,
         "splits": splits,

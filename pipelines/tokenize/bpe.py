@@ -6,7 +6,6 @@ byte length of each token is known exactly; evaluation uses that for bits per by
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,10 +45,6 @@ def load(path: str | Path, eos_token: str):
         raise TokenizerError(f"{path}: tokenizer has no token {eos_token!r} (tokenizer.eos_token)")
     tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, never a boundary
     return tok
-
-
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def token_bytes(tok) -> np.ndarray:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import atomic, storage
+from pipelines import storage
 from pipelines.documents import read_documents
 from pipelines.run_folder import Cache
 from pipelines.tokenize.engine import Encode
+from trainer import fsio
 
 FORMAT_VERSION = 2  # 2: special-token text inside documents is encoded as text
 _SPREAD = 32          # about 32 files per group
@@ -97,9 +98,9 @@ def tokenize_group(group: list[FileRef], encode: Encode, tokenizer_sha256: str, 
         flush()
     tokens = np.concatenate(parts) if parts else np.empty(0, dtype)
     doc_starts = np.concatenate(starts) if starts else np.empty(0, np.int64)
-    with atomic.staged_dir(folder) as stage:
+    with fsio.staged_dir(folder) as stage:
         np.save(stage / "tokens.npy", tokens)
         np.save(stage / "starts.npy", doc_starts)
-        atomic.write_json(stage / "meta.json", {"files": [f.path for f in group], "documents": len(doc_starts),
+        fsio.write_json(stage / "meta.json", {"files": [f.path for f in group], "documents": len(doc_starts),
                                                 "tokens": len(tokens), "chars": chars})
     return Stream(tokens, doc_starts, chars, False)

@@ -15,7 +15,7 @@ from typing import BinaryIO
 import numpy as np
 
 from pipelines.errors import BadInput
-from pipelines.manifest import sha256_file
+from trainer.fsio import sha256_file
 
 
 def dtype_for(vocab_size: int, declared: str = "auto") -> np.dtype:
