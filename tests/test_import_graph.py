@@ -189,3 +189,12 @@ def test_a_circle_through_an_in_function_and_a_relative_import_is_found(tmp_path
         "  pipelines.high imports airflow.models   (pipelines/high.py:2)"]
     assert _forbidden(graph, "trainer", ("pipelines", "eval")) == [
         "  trainer.loop imports pipelines.high   (trainer/loop.py:2)"]
+
+
+def test_airflow_glue_uses_the_stage_seams_not_the_launchers():
+    """Operators, triggers, sensors and tasks reach training through ``pipelines.training`` (and the
+    other stages through ``pipelines.stages``), never through ``pipelines.launch`` internals."""
+    hits = [f"{path.relative_to(REPO)}:{n}" for top in ("plugins", "dags") for path in (REPO / top).rglob("*.py")
+            for n, line in enumerate(path.read_text().splitlines(), 1)
+            if "pipelines.launch" in line or "pipelines import launch" in line]
+    assert not hits, hits
