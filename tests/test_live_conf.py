@@ -115,3 +115,26 @@ def test_short_runs_under_cpu_load_succeed_on_their_first_try(live_airflow):
         for proc in burners:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.live
+def test_a_transient_failure_is_retried_by_the_scheduler_and_succeeds(live_airflow, monkeypatch):
+    """The champion lock is held elsewhere while a run registers: its first try fails as transient
+    (``LockTimeout``), the scheduler retries it after the back-off, and once the lock is free the run
+    succeeds; no other task is retried."""
+    from pipelines.registry.locks import champion_lock
+
+    live = live_airflow
+    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
+    with champion_lock(None, "taxiway-tiny-gpt", timeout_s=60):
+        resp = live.trigger(DAG, {"eval": {"baseline": "floor"}, "registry": {"lock_timeout_s": 2}})
+        assert resp.status_code == 200, resp.text
+        run_id = resp.json()["dag_run_id"]
+        wait_for("registration's first try to fail", lambda: live.task_instance(DAG, run_id, "register.model_version")
+                 ["state"] in ("up_for_retry", "failed", "success"), 600, every_s=1)
+    run = live.wait_run(DAG, run_id, timeout_s=300)
+    tis = live.task_instances(DAG, run_id)
+    tries = {k: (ti["state"], ti["try_number"]) for k, ti in tis.items()}
+    assert run["state"] == "success" and tries.pop("register.model_version") == ("success", 2), tries
+    assert set(tries.values()) == {("success", 1)}, tries
+    assert "still locked after 2 s" in _log(live, run_id, "register.model_version", 1)
