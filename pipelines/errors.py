@@ -8,9 +8,10 @@
 
 Every raise site in ``pipelines`` raises one of them (or a subclass naming the case). The
 execution layers below (``eval``, ``trainer``, libraries) cannot import this module; what they raise
-is classified by ``kind_of`` the way Python spells it: ``ValueError``/``LookupError`` and missing
-files are bad input, ``ConnectionError``/``TimeoutError`` transient. Anything else is a bug: the
-CLI shows its traceback, Airflow retries it as it would any task failure.
+is classified by ``kind_of`` the way Python spells it: ``ValueError`` and missing files are bad
+input (not ``KeyError``/``IndexError``: those are bugs far more often than input),
+``ConnectionError``/``TimeoutError`` transient. Anything else is a bug: the CLI shows its
+traceback, Airflow retries it as it would any task failure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Transient(TaxiwayError):
 
 
 KINDS: tuple[type[TaxiwayError], ...] = (BadInput, CheckFailed, Transient)
-_BAD_INPUT_BUILTINS = (ValueError, LookupError, FileNotFoundError, FileExistsError, NotADirectoryError,
+_BAD_INPUT_BUILTINS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                        IsADirectoryError)
 _TRANSIENT_BUILTINS = (ConnectionError, TimeoutError)
 

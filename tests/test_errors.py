@@ -27,7 +27,7 @@ def _cases():
         (ModelNotFound("m"), BadInput), (SmokeFailed("s"), CheckFailed), (GangTimedOut("g"), CheckFailed),
         (RegistryUnavailable("r"), Transient), (LockTimeout("l"), Transient), (GangFailed("g"), Transient),
         # what eval/, trainer/ and libraries raise, classified as Python spells it
-        (ValueError("v"), BadInput), (KeyError("k"), BadInput), (FileNotFoundError("f"), BadInput),
+        (ValueError("v"), BadInput), (KeyError("k"), None), (IndexError("i"), None), (FileNotFoundError("f"), BadInput),
         (ConnectionRefusedError("c"), Transient), (TimeoutError("t"), Transient),
         (RuntimeError("a bug"), None), (ZeroDivisionError(), None),
     ]
