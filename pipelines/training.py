@@ -19,11 +19,11 @@ from pipelines.config import RunConfig
 from pipelines.launch import k8s, local
 from pipelines.launch.local import GangFailed, GangTimedOut, Handle
 from pipelines.launch.spec import launch_spec
-from pipelines.launch.watch import STALLED, TIMED_OUT, Watch
+from pipelines.launch.watch import STALLED, SUPERSEDED, TIMED_OUT, Watch
 from pipelines.run_folder import RunFolder, State
 
-__all__ = ["CONTAINER", "GANG_LABEL", "STALLED", "TIMED_OUT", "GangFailed", "GangTimedOut", "Handle", "State",
-           "Watch", "cancel", "canceled_by_user", "cleanup", "current", "final_checkpoint_ready", "finish", "hand_over", "load", "report",
+__all__ = ["CONTAINER", "GANG_LABEL", "STALLED", "SUPERSEDED", "TIMED_OUT", "GangFailed", "GangTimedOut", "Handle", "State",
+           "Watch", "cancel", "canceled_by_user", "cleanup", "current", "final_checkpoint_ready", "finish", "hand_over", "launched_here", "load", "report",
            "render_kubernetes", "started_up", "state", "submit", "take_over", "watch", "write_spec"]
 
 CONTAINER = k8s.CONTAINER      # the trainer's container in every node pod
@@ -46,6 +46,10 @@ def current(run_dir: Path) -> Handle | None:
     """The run's newest gang, None before the first launch."""
     path = RunFolder(run_dir).gang
     return Handle.load(path) if path.exists() else None
+
+
+def launched_here(handle: Handle) -> bool:
+    return local.launched_here(handle)
 
 
 def state(handle: Handle) -> str:

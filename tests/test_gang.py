@@ -76,6 +76,35 @@ def test_cancel_saves_a_checkpoint_and_leaves_no_process(packed, tmp_path: Path)
     assert codes <= {143, 1}, codes  # the trainer's cancel code, surfaced by torchrun
 
 
+def test_a_trigger_whose_gang_was_replaced_never_touches_the_new_one(packed, tmp_path: Path):
+    """A clear lands in an old try's trigger and in the new try at once: the old trigger (its event,
+    its cleanup, its ``on_kill``) must stop only its own gang, never the one the new try launched."""
+    from taxiway_airflow.triggers.gang import GangTrigger
+
+    run_dir = tmp_path / "replaced"
+    old = _launch(packed, run_dir)
+    _wait_step(run_dir, old, 1)
+    new = _launch(packed, run_dir)  # stops the old gang first, as a relaunching try does
+    try:
+        _wait_step(run_dir, new, 1)
+        trigger = GangTrigger({"gang_json": str(old.path), "gang_id": old.gang_id, "stall_timeout_s": 60,
+                               "startup_timeout_s": 120, "deadline": time.time() + 600},
+                              poll_s=0.2, report_every_s=30, cancel_grace_s=5, run_id="test")
+
+        async def first_event() -> dict:
+            async for event in trigger.run():
+                return event.payload
+
+        event = asyncio.run(asyncio.wait_for(first_event(), 60))  # bounds a hang, not a speed
+        assert event["state"] == "superseded" and new.gang_id in event["detail"], event
+        asyncio.run(trigger.on_kill())
+        assert local.cancel_reason(new) is None
+        status = _wait_step(run_dir, new, _wait_step(run_dir, new, 1)["step"] + 1)  # still training
+        assert status["state"] == "running"
+    finally:
+        local.cleanup(new, grace_s=10)
+
+
 def test_killed_node_is_detected_and_the_gang_cleaned_up(packed, tmp_path: Path):
     run_dir = tmp_path / "kill"
     handle = _launch(packed, run_dir)

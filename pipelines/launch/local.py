@@ -103,6 +103,11 @@ def take_over(handle: Handle) -> None:
     fsio.write_text(RunFolder.of_gang(handle.path).gang_lease, WATCHED)
 
 
+def launched_here(handle: Handle) -> bool:
+    """This process launched the gang (``submit`` puts its pid in the gang id)."""
+    return handle.gang_id.rsplit("-", 2)[-2] == str(os.getpid())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -243,6 +248,7 @@ def cancel(handle: Handle, why: str = CLEANUP) -> None:
     if cancel_reason(handle):
         return
     fsio.write_text(_cancel_marker(handle), f"{handle.gang_id}\n{why}")
+    _log_to_nodes(handle, f"{utc_now()} cancel ({why}) sent by pid {os.getpid()}: {' '.join(sys.argv[:3])}")
     groups = [n.pid for n in handle.nodes if _node_state(n)[0] == "running"]
     members = [p for p in processes(handle.gang_id) if _group(p) not in groups]  # workers: own sessions
     for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -252,6 +258,16 @@ def cancel(handle: Handle, why: str = CLEANUP) -> None:
             except ProcessLookupError:
                 pass
         _signal_all(members, sig)
+
+
+def _log_to_nodes(handle: Handle, line: str) -> None:
+    """Say in every node's log who stopped the gang: its log then tells a cancel from a crash."""
+    for node in handle.nodes:
+        try:
+            with open(node.log, "a") as fh:
+                fh.write(line + "\n")
+        except FileNotFoundError:  # the run folder is gone
+            pass
 
 
 def cleanup(handle: Handle, grace_s: float = 30.0) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from pipelines.launch import local
 from pipelines.run_folder import DONE, RunFolder, State
 
-STALLED, TIMED_OUT = "stalled", "timed_out"
+STALLED, TIMED_OUT, SUPERSEDED = "stalled", "timed_out", "superseded"
 _BUSY_WITHOUT_STEPS = (State.INITIALIZING, State.CHECKPOINTING)
 
 
@@ -41,9 +41,13 @@ class Watch:
     moved_at: float = 0.0            # epoch seconds
 
     def check(self, now: float | None = None) -> dict[str, Any]:
-        """One look: ``{"state", "detail", "status", ...}``; ``state`` is running/succeeded/failed/stalled/timed_out."""
+        """One look: ``{"state", "detail", "status", ...}``; ``state`` is running/succeeded/failed/stalled/timed_out,
+        or superseded once ``gang.json`` holds a newer gang than this watch's."""
         now = time.time() if now is None else now
         handle = local.Handle.load(Path(self.gang_json))
+        if handle.gang_id != self.gang_id:  # a later launch rewrote gang.json: never watch (or stop) it as ours
+            return {"state": SUPERSEDED, "detail": f"gang {self.gang_id} was replaced by gang {handle.gang_id}",
+                    "status": {}, "attempt": handle.attempt, "watch": self.as_dict()}
         gang = local.poll(handle)
         started = _epoch(handle.started_at)
         status = RunFolder.of_gang(handle.path).read_status()

@@ -46,6 +46,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         super().__init__(**kwargs)
         self.run = run
         self.poll_s = poll_s
+        self._gang_id: str | None = None  # the gang this try holds (launched or re-attached to)
 
     # ResumableJobMixin: submit / status / reconnect -------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -60,6 +61,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                            "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
         handle = training.submit(cfg, _run_dir(self.run))
+        self._gang_id = handle.gang_id
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
                  Path(handle.nodes[0].log).parent)
@@ -89,6 +91,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         from pipelines import training
 
         handle = training.load(external_id)
+        self._gang_id = handle.gang_id
         cfg = self._config()
         run_dir = _run_dir(self.run)
         deadline = time.monotonic() + self.launch_confirm_s
@@ -133,6 +136,8 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             if store := context.get("task_state_store"):
                 store.set(self.external_id_key, external_id)
             return self.poll_until_complete(external_id, context)
+        if event["state"] == training.SUPERSEDED:  # another try launched since: a retry re-attaches to it
+            raise training.GangFailed(f"{event['detail']}; this try no longer owns the run's training")
         attempt = handle.attempt
         log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
                   attempt, event["state"], event["detail"])
@@ -173,10 +178,13 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             log.warning("could not ship metrics to MLflow yet: %s", exc)
 
     def on_kill(self) -> None:
-        """Killed while the worker held it (not deferred): cancel the gang. The worker gets a few
-        seconds before SIGKILL, so this only signals; each node enforces the grace period itself."""
+        """Killed while the worker held it (not deferred): cancel the gang this try launched or
+        re-attached to (or is launching: a gang id names the process that made it), never a newer one
+        another try started since. The worker gets a few seconds
+        before SIGKILL, so this only signals; each node enforces the grace period itself."""
         from pipelines import training
 
-        if handle := training.current(_run_dir(self.run)):
+        handle = training.current(_run_dir(self.run))
+        if handle and (handle.gang_id == self._gang_id or training.launched_here(handle)):
             training.cancel(handle)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)

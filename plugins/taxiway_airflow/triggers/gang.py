@@ -34,10 +34,14 @@ class GangTrigger(BaseTrigger):
                  "cancel_grace_s": self.cancel_grace_s, "run_id": self.run_id})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Watch this trigger's own gang (``watch.gang_id``): if ``gang.json`` already holds a newer
+        one, another try owns the run's training and this trigger touches nothing."""
         from pipelines import training
 
         watch = training.Watch(**self.watch)
-        await asyncio.to_thread(training.take_over, training.load(watch.gang_json))
+        handle = await asyncio.to_thread(training.load, watch.gang_json)
+        if handle.gang_id == watch.gang_id:
+            await asyncio.to_thread(training.take_over, handle)
         reported = time.monotonic()
         while True:
             result = await asyncio.to_thread(watch.check)
@@ -47,11 +51,11 @@ class GangTrigger(BaseTrigger):
                 reported = time.monotonic()
                 await self._report()
             await asyncio.sleep(self.poll_s)
-        if result["state"] != training.State.SUCCEEDED:
-            handle = training.load(watch.gang_json)
+        if result["state"] not in (training.State.SUCCEEDED, training.SUPERSEDED):
             killed = await asyncio.to_thread(training.cleanup, handle, self.cancel_grace_s)
             result["detail"] += f" (processes killed at cleanup: {killed})"
-        await self._report()
+        if result["state"] != training.SUPERSEDED:
+            await self._report()
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
