@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -13,26 +13,39 @@ from pipelines.errors import Transient
 from pipelines.preflight.forked import split_map
 
 
-def _children() -> list[int]:
-    """Live (or unreaped) child processes of this process."""
+def _children() -> set[int]:
+    """Live (or unreaped) child processes of this process, read from /proc (not the module's bookkeeping)."""
     me = str(os.getpid())
-    out = []
+    out = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
-                    out.append(int(entry.name))
+                    out.add(int(entry.name))
             except (FileNotFoundError, ProcessLookupError):
                 continue
     return out
 
 
+@pytest.fixture
+def no_new_children():
+    """After the test, no child of this process remains that was not there before it (children of
+    other tests' helpers, such as a live Airflow, are not this test's business)."""
+    before = _children()
+    yield
+    assert not _children() - before
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3, 8])
-def test_every_item_once_with_its_result(workers: int):
+def test_every_item_once_with_its_result(workers: int, no_new_children):
     items = list(range(23))
+    # The first two jobs meet at a barrier: they can only both pass when two different processes
+    # hold them at once, so the work is really shared (no timing guess about who starts first).
+    barrier = multiprocessing.get_context("fork").Barrier(2) if workers > 1 else None
 
     def job(x: int) -> tuple[int, int]:
-        time.sleep(0.02)  # long enough that every process gets a share
+        if barrier and x < 2:
+            barrier.wait(timeout=120)
         return x * x, os.getpid()
 
     got = list(split_map(job, items, workers))
@@ -40,9 +53,8 @@ def test_every_item_once_with_its_result(workers: int):
     assert all(result[0] == items[i] ** 2 for i, result in got)
     pids = {result[1] for _, result in got}
     assert (len(pids) > 1) == (workers > 1)
-    if workers == 2:  # with more children they may claim every job while the caller still forks
+    if workers == 2:  # caller + one child: the barrier needs both
         assert os.getpid() in pids  # the caller works too
-    assert not _children()
 
 
 class Bad(ValueError):
@@ -50,13 +62,16 @@ class Bad(ValueError):
 
 
 def _in_child(action):
-    """A job that runs ``action`` when it is computed in a child process."""
-    parent = os.getpid()
+    """A job that runs ``action`` when it is computed in a child process. The caller's jobs wait
+    until a child has started one, so a child surely runs ``action`` however the claims fall."""
+    parent, child_started = os.getpid(), multiprocessing.get_context("fork").Event()
 
     def job(x: int) -> int:
-        time.sleep(0.005)
-        if os.getpid() != parent:
-            action()
+        if os.getpid() == parent:
+            assert child_started.wait(timeout=120), "no child ever claimed a job"
+            return x
+        child_started.set()
+        action()
         return x
     return job
 
@@ -67,36 +82,33 @@ def _raise(exc: BaseException):
     return action
 
 
-def test_a_childs_exception_is_raised_in_the_caller():
+def test_a_childs_exception_is_raised_in_the_caller(no_new_children):
     with pytest.raises(Bad, match="in a child"):
         list(split_map(_in_child(_raise(Bad("in a child"))), list(range(20)), 2))
-    assert not _children()
 
 
-def test_an_exception_that_does_not_pickle_arrives_as_its_repr():
+def test_an_exception_that_does_not_pickle_arrives_as_its_repr(no_new_children):
     class Local(Exception):  # a local class cannot be pickled
         pass
 
     with pytest.raises(RuntimeError, match="Local"):
         list(split_map(_in_child(_raise(Local("x"))), list(range(20)), 2))
-    assert not _children()
 
 
-def test_a_child_that_dies_is_an_error_naming_the_signal():
+def test_a_child_that_dies_is_an_error_naming_the_signal(no_new_children):
     with pytest.raises(Transient, match="died without a result.*SIGKILL"):
         list(split_map(_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL)), list(range(20)), 2))
-    assert not _children()
 
 
-def test_the_callers_own_failure_kills_and_reaps_the_children():
-    parent = os.getpid()
+def test_the_callers_own_failure_kills_and_reaps_the_children(no_new_children):
+    """The children are busy (blocked in a job) when the caller fails: they must be killed, not awaited."""
+    parent, never = os.getpid(), multiprocessing.get_context("fork").Event()
 
     def job(x: int) -> int:
-        time.sleep(0.005)
         if os.getpid() == parent:
             raise Bad("caller's share")
+        never.wait(timeout=600)
         return x
 
     with pytest.raises(Bad):
         list(split_map(job, list(range(50)), 3))
-    assert not _children()

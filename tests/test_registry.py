@@ -59,8 +59,8 @@ def postgres_db():
 
     try:
         _pg_admin().close()
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is unreachable, so the PostgreSQL backend is not tested: {exc}")
+    except psycopg2.OperationalError as exc:  # a failure, not a skip: CI must not go green without it
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is unreachable; the PostgreSQL backend tests need it: {exc}")
     name = f"taxiway_test_{uuid.uuid4().hex[:12]}"
     _create_db(name)
     yield name
