@@ -1,12 +1,23 @@
-"""Shared fixtures: an isolated TAXIWAY_HOME, AIRFLOW_HOME and MLflow store per test session.
+"""Shared fixtures. Every test gets its own ``TAXIWAY_HOME`` (run folders, MLflow store, artifacts);
+the session shares only inputs that no test changes.
 
-The environment is set before anything imports Airflow, so the real Airflow (SQLite metadata)
-and the real MLflow (SQLite) used by the tests live in a temporary folder.
+The environment is set before anything imports Airflow, so the real Airflow (SQLite metadata) lives
+in this session's temporary folder. Shared, by construction read-only for tests:
+
+- the tiny config's corpus (``demo-data``) and the content-addressed token cache (``cache``: an entry
+  is keyed by everything that shapes it and written once, atomically; tests about the cache itself
+  use a cache of their own), both linked into each test's home;
+- models trained by module fixtures under the session home, which tests copy before changing.
+
+The session's folder is removed when the session ends; pytest keeps the temporary folders of failed
+tests only (``tmp_path_retention_policy`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,10 +26,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-_HOME = Path(tempfile.mkdtemp(prefix="taxiway-test-"))
+_ROOT = Path(tempfile.mkdtemp(prefix="taxiway-test-"))
+SESSION_HOME = _ROOT / "session"
+atexit.register(shutil.rmtree, _ROOT, True)
 os.environ.update({
-    "TAXIWAY_HOME": str(_HOME),
-    "AIRFLOW_HOME": str(_HOME / "airflow"),
+    "TAXIWAY_HOME": str(SESSION_HOME),
+    "AIRFLOW_HOME": str(_ROOT / "airflow"),
     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -30,26 +43,47 @@ sys.path.insert(0, str(REPO / "plugins"))
 
 TINY = REPO / "configs" / "tiny.yaml"
 BIN = Path(sys.executable).parent
+SHARED = ("demo-data", "cache")  # linked from the session home into every test's home
 
 
 @pytest.fixture(scope="session")
-def home() -> Path:
-    return _HOME
+def session_home() -> Path:
+    """Where module and session fixtures build shared inputs (corpus, cache, trained models)."""
+    for name in SHARED:
+        (SESSION_HOME / name).mkdir(parents=True, exist_ok=True)
+    return SESSION_HOME
+
+
+@pytest.fixture(autouse=True)
+def home(session_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own ``TAXIWAY_HOME``: its runs, its MLflow store (SQLite), its artifacts."""
+    own = tmp_path / "taxiway-home"
+    own.mkdir()
+    for name in SHARED:
+        (own / name).symlink_to(session_home / name, target_is_directory=True)
+    monkeypatch.setenv("TAXIWAY_HOME", str(own))
+    # the shared corpus is a data root of its own, as a shared data volume is in a deployment
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", os.pathsep.join([str(own), str(session_home / "demo-data")]))
+    return own
 
 
 @pytest.fixture(scope="session")
-def demo_data(home: Path) -> Path:
-    """The tiny config's corpus, written once per session (its paths point here)."""
+def demo_data(session_home: Path) -> Path:
+    """The tiny config's corpus, written once per session (its paths point to ``$TAXIWAY_HOME``)."""
     from pipelines.demo_data import write_demo_data
 
-    return write_demo_data(home / "demo-data", seed=0, max_files=160).parent
+    target = session_home / "demo-data"
+    if not (target / "manifest.jsonl").exists():
+        write_demo_data(target, seed=0, max_files=160, force=True)
+    return target
 
 
 @pytest.fixture(scope="session")
-def airflow_db(home: Path) -> Path:
-    (home / "airflow").mkdir(parents=True, exist_ok=True)
+def airflow_db() -> Path:
+    airflow_home = Path(os.environ["AIRFLOW_HOME"])
+    airflow_home.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], check=True, capture_output=True, env=os.environ)
-    return home / "airflow"
+    return airflow_home
 
 
 def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -30,19 +30,30 @@ def _tries(dr) -> dict[str, int]:
     return {ti.task_id: ti.try_number for ti in dr.get_task_instances()}
 
 
-def test_dag_trains_and_registers_champion(dag, home: Path):
+def _run_dir(dr) -> Path:
+    from pipelines.run_folder import run_dir
+
+    return run_dir(dr.run_id)
+
+
+def _gate(dr) -> tuple[dict, dict]:
+    run_dir = _run_dir(dr)
+    return (json.loads((run_dir / "eval" / "report.json").read_text()),
+            json.loads((run_dir / "registry.json").read_text()))
+
+
+def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag):
+    """The gate can pass: 300 steps learn more than token frequencies (this test's own, empty registry)."""
     from mlflow import MlflowClient
 
     from pipelines.registry import client
 
-    dr = dag.test(run_conf={"config": str(TINY)})
+    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 300}, "eval": {"floor": "unigram"}})
     assert str(dr.state) == "success", _states(dr)
-
-    run_dir = next(p for p in (home / "runs").iterdir() if (p / "registry.json").exists())
-    reg = json.loads((run_dir / "registry.json").read_text())
-    report = json.loads((run_dir / "eval" / "report.json").read_text())
-    assert report["candidate"]["loss"] < report["baseline"]["loss"]
-    assert report["baseline"]["kind"] == "floor"
+    report, reg = _gate(dr)
+    assert report["baseline"]["kind"] == "floor" and report["baseline"]["floor"] == "unigram", report["baseline"]
+    assert report["passed"] and report["gate"]["lower_bpb"] > 0, report["gate"]
+    run_dir = _run_dir(dr)
 
     c: MlflowClient = client()
     mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
@@ -52,24 +63,29 @@ def test_dag_trains_and_registers_champion(dag, home: Path):
                 "airflow.dag_id", "airflow.run_id", "taxiway.eval.bits_per_byte",
                 "taxiway.eval.delta_bits_per_byte"):
         assert mv.tags.get(tag), tag
-    assert mv.tags["airflow.dag_id"] == "taxiway_train"
+    assert mv.tags["airflow.dag_id"] == "taxiway_train" and mv.tags["airflow.run_id"] == dr.run_id
     assert mv.tags["taxiway.config_sha256"] == (run_dir / "config.sha256").read_text().strip()
-    assert c.get_run(mv.run_id).info.artifact_uri.startswith((home / "mlartifacts").as_uri())
+    assert c.get_run(mv.run_id).info.artifact_uri.startswith((Path(os.environ["TAXIWAY_HOME"]) / "mlartifacts").as_uri())
     artifacts = {a.path for a in c.list_artifacts(mv.run_id, "model")}
     assert {"model/model.safetensors", "model/tokenizer.json", "model/model.json"} <= artifacts
 
 
-def test_failed_gate_registers_challenger_and_keeps_champion(dag):
+def test_a_model_that_does_not_beat_the_unigram_floor_is_only_challenger(dag):
+    """The gate can fail: 5 steps do not learn even token frequencies, so the run ends well (the
+    pipeline worked) but the model is registered as challenger and no champion exists."""
+    from mlflow.exceptions import MlflowException
+
     from pipelines.registry import client
 
-    before = client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version
-    dr = dag.test(run_conf={"config": str(TINY), "eval": {"min_improvement": 10.0}})
+    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 5}, "eval": {"floor": "unigram"}})
     assert str(dr.state) == "success", _states(dr)
+    report, reg = _gate(dr)
+    assert report["baseline"]["floor"] == "unigram" and not report["passed"], report["reason"]
     c = client()
-    assert c.get_model_version_by_alias("taxiway-tiny-gpt", "champion").version == before
     challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
-    assert challenger.version != before
-    assert challenger.tags["taxiway.eval.passed"] == "false"
+    assert str(challenger.version) == reg["version"] and challenger.tags["taxiway.eval.passed"] == "false"
+    with pytest.raises(MlflowException, match="alias"):
+        c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
 
 
 def test_invalid_conf_is_refused_before_any_stage(dag):
@@ -86,7 +102,7 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
 
 
 def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp_path: Path, capsys, monkeypatch):
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{home}{os.pathsep}{tmp_path}")  # a deployment's second data root
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")  # a second data root
     data = tmp_path / "data"
     shutil.copytree(home / "demo-data", data)
     victim = sorted((data / "val").iterdir())[0]
@@ -113,6 +129,7 @@ def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp
     import subprocess
     import sys
     import threading
+    from datetime import UTC, datetime
 
     from airflow.models import TaskInstance
     from airflow.utils.session import create_session
@@ -123,10 +140,13 @@ def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     server: list[subprocess.Popen] = []
 
-    def first_try_failed() -> bool:
+    started = datetime.now(UTC)
+
+    def first_try_failed() -> bool:  # this test's try: the session's Airflow database holds other runs
         with create_session() as session:
             return session.query(TaskInstance).filter(TaskInstance.task_id == "register.model_version",
-                                                      TaskInstance.state == "up_for_retry").count() > 0
+                                                      TaskInstance.state == "up_for_retry",
+                                                      TaskInstance.start_date >= started).count() > 0
 
     def bring_the_store_back() -> None:
         wait_for("registration's first try to fail", first_try_failed, 600, every_s=0.5)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +19,13 @@ from conftest import taxiway
 
 
 @pytest.fixture(scope="module")
-def strong(home: Path, demo_data) -> Path:
-    return make_run(home, "eval-strong", 300, ["name=eval-strong", "eval.floor=unigram", "eval.baseline=floor"])
+def strong(session_home: Path, demo_data) -> Path:
+    return make_run(session_home, "eval-strong", 300, ["name=eval-strong", "eval.floor=unigram", "eval.baseline=floor"])
 
 
 @pytest.fixture(scope="module")
-def weak(home: Path, demo_data) -> Path:
-    return make_run(home, "eval-weak", 5, ["name=eval-weak", "eval.floor=unigram", "eval.baseline=floor"])
+def weak(session_home: Path, demo_data) -> Path:
+    return make_run(session_home, "eval-weak", 5, ["name=eval-weak", "eval.floor=unigram", "eval.baseline=floor"])
 
 
 def _cfg(run_dir: Path):
@@ -267,8 +266,6 @@ def test_prefetch_hands_over_reader_errors_and_stops_with_its_consumer():
     endless = _prefetched(iter(range(10**9)))
     assert next(endless) == 0
     endless.close()  # the consumer stops early: the reader thread must end too
-    for _ in range(50):
-        if not any(t.name == "eval-prefetch" for t in threading.enumerate()):
-            break
-        time.sleep(0.05)
+    for thread in [t for t in threading.enumerate() if t.name == "eval-prefetch"]:
+        thread.join(timeout=60)  # bounds a hang only
     assert not any(t.name == "eval-prefetch" for t in threading.enumerate())

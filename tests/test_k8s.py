@@ -4,8 +4,9 @@ Every object is checked against the official Kubernetes OpenAPI schemas (``kuber
 strict: unknown fields fail) for the oldest supported (1.28: the Job's pod-index label) and the
 newest bundled version, and again after going through the provider's own path
 (``KubernetesJobOperator.build_job_request_obj`` / ``dry_run``), which is what the DAG submits.
-The cluster itself is the one boundary that cannot exist here: the provider is pointed at a
-kubeconfig whose API server nobody serves, and nothing in these tests contacts it.
+The cluster itself is the one boundary that cannot exist here. Rendering tests contact no API
+server; the operator tests below talk real HTTP to ``FakeKube``, a stand-in API server that validates
+what it receives against the strict schema and follows the deletion semantics the code relies on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from live_airflow import wait_for
 from trainer_corpus import write_corpus
 
 from conftest import REPO, TINY, taxiway
@@ -419,17 +422,30 @@ def test_unknown_launcher_is_an_import_error():
 # --- the operator's calls, against a stand-in API server -----------------------------------------
 
 class FakeKube:
-    """The Kubernetes API endpoints the launcher uses, over real HTTP, with a Job controller and kubelet.
+    """The Kubernetes API endpoints the launcher uses, over real HTTP, with a Job controller, a garbage
+    collector and a kubelet that follow the API's semantics the code relies on.
 
     A cluster cannot exist here; this is that boundary. Every object POSTed is validated against the
-    strict 1.37 schema (what the operator really sends). Created Jobs get one pod per completion
-    index; the kubelet runs pod 0's trainer command (``-m trainer --spec …``, without torchrun, which
-    would need the Service's DNS) as a local process, and the Job completes or fails with it.
+    strict schema of the newest bundled Kubernetes version (what the operator really sends). Created
+    Jobs get one pod per completion index; the kubelet runs pod 0's trainer command (``-m trainer
+    --spec …``, without torchrun, which would need the Service's DNS) as a local process, and the Job
+    completes or fails with it. Deletion is as in a cluster:
+
+    - a pod is not removed at once: it is marked (``deletionTimestamp``), its container gets SIGTERM
+      and ``terminationGracePeriodSeconds`` (then SIGKILL), and it disappears once that container is
+      gone — after ``settle_s`` when no container runs (kubelet and API round trips);
+    - deleting a ``batch/v1`` Job through the API without a ``propagationPolicy`` **orphans** its pods:
+      they keep running, unowned; ``Background`` removes the Job now and its pods as above;
+      ``Foreground`` keeps the Job (marked, with the ``foregroundDeletion`` finalizer) until every
+      pod of it is gone.
     """
+
+    settle_s = 1.0
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}   # (kind, namespace, name)
         self.created: list[str] = []                                    # "Kind/name", in order
+        self.containers: dict[str, subprocess.Popen] = {}               # pod name → its running container
         self.lock = threading.Lock()
         self.run_pods = True
         handler = type("Handler", (_FakeKubeHandler,), {"kube": self})
@@ -439,6 +455,10 @@ class FakeKube:
 
     def close(self) -> None:
         self.server.shutdown()
+        for proc in list(self.containers.values()):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def of(self, kind: str) -> dict[str, dict[str, Any]]:
         with self.lock:
@@ -454,10 +474,12 @@ class FakeKube:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template = job["spec"]["template"]
         job["status"] = {"active": job["spec"]["parallelism"]}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": f"uid-{name}",
+                 "controller": True, "blockOwnerDeletion": True}
         for index in range(job["spec"]["completions"]):
             meta = template["metadata"]
             pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"{name}-{index}-x7k2p", "namespace": ns,
+                   "metadata": {"name": f"{name}-{index}-x7k2p", "namespace": ns, "ownerReferences": [owner],
                                 "labels": {**meta.get("labels", {}), "batch.kubernetes.io/job-name": name,
                                            k8s.INDEX_KEY: str(index)},
                                 "annotations": {**meta.get("annotations", {}), k8s.INDEX_KEY: str(index)}},
@@ -465,19 +487,85 @@ class FakeKube:
                    "status": {"phase": "Running"}}
             self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
         if self.run_pods:
-            threading.Thread(target=self._kubelet, args=(job,), daemon=True).start()
+            pod_0 = f"{name}-0-x7k2p"
+            container = job["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+            args = container["args"]
+            self.containers[pod_0] = subprocess.Popen(
+                [sys.executable, *args[args.index("-m"):]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"})
+            threading.Thread(target=self._kubelet, args=(job, pod_0), daemon=True).start()
 
-    def _kubelet(self, job: dict[str, Any]) -> None:
-        container = job["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        args = container["args"]
-        proc = subprocess.run([sys.executable, *args[args.index("-m"):]], capture_output=True, text=True,
-                              env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"})
+    def _kubelet(self, job: dict[str, Any], pod_name: str) -> None:
+        proc = self.containers[pod_name]
+        out = proc.communicate()[0]
         with self.lock:
             if ("Job", job["metadata"]["namespace"], job["metadata"]["name"]) in self.objects:
                 kind = "Complete" if proc.returncode == 0 else "Failed"
                 job["status"] = {"conditions": [{"type": kind, "status": "True", "reason": f"pod exit {proc.returncode}"}]}
-                job["log"] = proc.stdout + proc.stderr
+                job["log"] = out
+
+    # deletion, as the API server, garbage collector and kubelet do it
+    def delete(self, kind: str, ns: str, name: str, policy: str | None) -> dict[str, Any] | None:
+        """Called under ``lock``. Returns the object when it stays (being deleted), None when it went."""
+        key = (kind, ns, name)
+        obj = self.objects[key]
+        if kind == "Pod":
+            self._terminate(key)
+            return obj
+        if kind != "Job":
+            del self.objects[key]
+            return None
+        pods = self._pods_of(ns, name)
+        policy = policy or "Orphan"  # batch/v1 Jobs deleted through the API: the legacy default
+        if policy == "Orphan":
+            for pod in pods:
+                pod["metadata"]["ownerReferences"] = []
+            del self.objects[key]
+            return None
+        for pod in pods:
+            self._terminate(("Pod", ns, pod["metadata"]["name"]))
+        if policy == "Foreground" and pods:
+            obj["metadata"].update(deletionTimestamp=_now(), finalizers=["foregroundDeletion"])
+            return obj
+        del self.objects[key]
+        return None
+
+    def _pods_of(self, ns: str, job: str) -> list[dict[str, Any]]:
+        return [o for (k, n, _), o in self.objects.items() if k == "Pod" and n == ns
+                and any(ref["kind"] == "Job" and ref["name"] == job for ref in o["metadata"].get("ownerReferences", []))]
+
+    def _terminate(self, key: tuple[str, str, str]) -> None:
+        pod = self.objects[key]
+        if "deletionTimestamp" in pod["metadata"]:
+            return
+        pod["metadata"]["deletionTimestamp"] = _now()
+        threading.Thread(target=self._kill_and_remove, args=(key, pod["spec"].get("terminationGracePeriodSeconds", 30)),
+                         daemon=True).start()
+
+    def _kill_and_remove(self, key: tuple[str, str, str], grace_s: float) -> None:
+        proc = self.containers.get(key[2])
+        if proc and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        time.sleep(self.settle_s)
+        with self.lock:
+            pod = self.objects.pop(key, None)
+            for ref in (pod or {}).get("metadata", {}).get("ownerReferences", []):  # foreground: the owner goes last
+                job = self.objects.get(("Job", key[1], ref["name"]))
+                if job and "foregroundDeletion" in job["metadata"].get("finalizers", []) \
+                        and not self._pods_of(key[1], ref["name"]):
+                    del self.objects[("Job", key[1], ref["name"])]
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
@@ -571,17 +659,15 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
         self._send(200, obj)
 
     def do_DELETE(self) -> None:
-        kind, ns, name, _, _ = self._route()
-        self._body()
+        kind, ns, name, _, query = self._route()
+        options = self._body()  # DeleteOptions may come as the body or as query parameters
+        policy = query.get("propagationPolicy") or options.get("propagationPolicy")
         kube = self.kube
         with kube.lock:
-            if kube.objects.pop((kind, ns, name), None) is None:
+            if (kind, ns, name) not in kube.objects:
                 return self._status(404, "NotFound")
-            if kind == "Job":  # the garbage collector removes its pods
-                for key in [k for k, o in kube.objects.items() if k[0] == "Pod" and k[1] == ns
-                            and o["metadata"]["labels"].get("batch.kubernetes.io/job-name") == name]:
-                    del kube.objects[key]
-        self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+            staying = kube.delete(kind, ns, name, policy)
+        self._send(200, staying or {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
 
 class _Store:
@@ -640,24 +726,20 @@ def fake_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     kube.close()
 
 
-@pytest.fixture(scope="module")
-def k8s_run(tmp_path_factory: pytest.TempPathFactory):
-    """A prepared and tokenized run folder under the pods' mount path (TAXIWAY_HOME), 1 node, 6 steps."""
+@pytest.fixture
+def k8s_run(home: Path):
+    """A prepared and tokenized run folder under the pods' mount path (this test's TAXIWAY_HOME), 1 node, 6 steps."""
     from pipelines import stages, tokenize
     from trainer import fsio
 
-    root = tmp_path_factory.mktemp("k8s")
-    env = pytest.MonkeyPatch()
-    env.setenv("TAXIWAY_HOME", str(root / "home"))
-    cfg = load_config(TINY, [*BASE, *write_corpus(root), "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
-                             "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={root / 'home'}",
+    cfg = load_config(TINY, [*BASE, *write_corpus(home / "corpus"), "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
+                             "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}",
                              "compute.kubernetes.connection_id=taxiway_fake_k8s"])
-    run_dir = root / "home" / "runs" / "k8s-run"
+    run_dir = home / "runs" / "k8s-run"
     stages.prepare(cfg, run_dir)
     packed = tokenize.run(cfg).path
     fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
-    yield {"run_dir": str(run_dir)}
-    env.undo()
+    return {"run_dir": str(run_dir)}
 
 
 def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str], fake_kube: FakeKube):
@@ -692,7 +774,8 @@ def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str
     assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
     status = json.loads((Path(k8s_run["run_dir"]) / "status.json").read_text())
     assert (status["state"], status["step"]) == ("succeeded", 6)
-    assert not fake_kube.of("Pod")  # finished pods deleted by the provider (on_finish_action)
+    wait_for("the finished pods to be deleted by the provider (on_finish_action)",
+             lambda: not fake_kube.of("Pod"), 60, every_s=0.2)
 
 
 def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_run: dict[str, str],
@@ -724,9 +807,11 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
     assert set(fake_kube.of("Job")) == {job_2}
     assert {p["metadata"]["labels"]["taxiway.dev/try-number"] for p in fake_kube.of("Pod").values()} == {"2"}
 
-    # the user fails the deferred task: the triggerer's on_kill deletes the Job, its pods go with it
+    # the user fails the deferred task: the triggerer's on_kill deletes the Job in the foreground:
+    # the Job stays, marked, until its pods have had their grace period and are gone; then it goes
     asyncio.run(deferred.value.trigger.on_kill())
-    assert not fake_kube.of("Job") and not fake_kube.of("Pod")
+    assert "deletionTimestamp" in fake_kube.of("Job")[job_2]["metadata"]
+    wait_for("the Job and its pods to go", lambda: not fake_kube.of("Job") and not fake_kube.of("Pod"), 60, every_s=0.2)
 
     # a later try runs; the teardown removes its Job, its pods and the Service
     with pytest.raises(TaskDeferred):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from live_airflow import wait_for
+from trainer_corpus import gang_pids
 
 from pipelines.launch import local
 from pipelines.run_folder import safe_run_id
@@ -118,7 +119,7 @@ class Scenario:
         """Gone within the grace; 1.5 × grace when the cancel landed after the task deferred but before
         the triggerer ran the trigger (no on_kill exists yet: the nodes' handoff lease stops them)."""
         wait_for(f"gang {handle.gang_id} to stop after '{way}' while {phase}",
-                 lambda: not local.processes(handle.gang_id), 1.5 * GRACE_S + 10, every_s=0.2)
+                 lambda: not gang_pids(handle.gang_id), 1.5 * GRACE_S + 10, every_s=0.2)
         codes = {json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes}
         assert codes <= {143, 1}, (way, phase, codes)  # the trainer's cancel code, as torchrun passes it on
         newest = checkpoint.latest_valid(self.run_dir / "checkpoints")
@@ -233,4 +234,4 @@ def test_every_cancel_stops_the_gang(live_airflow):
     assert len(done) == 12
     assert {way for way, phase in done if phase == "running"} == {"task failed", "task success", "clear",
                                                                   "run failed", "run success"}
-    assert not local.processes(scenarios[1].gang_id)
+    assert not gang_pids(scenarios[1].gang_id)

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import TINY
@@ -17,6 +18,20 @@ from pipelines.config import load_config
 from pipelines.launch import local
 from pipelines.launch.spec import launch_spec, write_trainer_spec
 from trainer.spec import TrainSpec
+
+
+def gang_pids(gang_id: str) -> list[int]:
+    """Live processes carrying the gang's marker, found with psutil: an oracle independent of the
+    launcher's own ``/proc`` scan (``local.processes``), which the code under test uses to clean up."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(local.MARKER) == gang_id:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
 
 BASE = ["tokenizer.vocab_size=280", "train.steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last_n=10",
         "train.deterministic=true", "train.log_every=1"]
