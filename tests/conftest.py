@@ -95,10 +95,36 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     return proc
 
 
-def pytest_collection_modifyitems(items: list) -> None:
-    """Live-Airflow tests last: their session's Airflow then never idles beside the other tests
-    (its scheduler and DAG processor would load the machine under timing-sensitive trainer tests)."""
-    items.sort(key=lambda item: item.get_closest_marker("live") is not None)
+LIVE_MODULES = "test_live_"  # the live-Airflow tests' modules: one work unit under pytest-xdist
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Start the longest chain first when distributed, last when serial.
+
+    Under pytest-xdist (``make test`` runs ``-n 2``, scheduled by ``pytest_xdist_make_scheduler``
+    below) the live-Airflow tests are one unit sharing one live Airflow; that unit is the longest,
+    so it goes first and the other worker meanwhile takes module after module. Run serially, live
+    tests go last instead: their session's Airflow would otherwise idle beside every other test."""
+    for item in items:
+        live = item.get_closest_marker("live") is not None
+        assert live == item.path.name.startswith(LIVE_MODULES), f"{item.nodeid}: live tests go in {LIVE_MODULES}*.py"
+    distributed = config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    items.sort(key=lambda item: (item.get_closest_marker("live") is not None) != distributed)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """One work unit per module, so a module's fixtures (trained models) are built once, and one for
+    all live-Airflow modules, so they share one live Airflow. Units go out in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "live" if Path(module).name.startswith(LIVE_MODULES) else module
+
+    config.option.loadscopereorder = False  # keep the collection order: the live unit first
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

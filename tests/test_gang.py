@@ -242,7 +242,7 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
     from pipelines import stages
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
-    overrides = {"train": {"steps": 600, "deterministic": True}, "checkpoint": {"every_steps": 10},
+    overrides = {"train": {"steps": 300, "deterministic": True}, "checkpoint": {"every_steps": 10},
                  "compute": {"stall_timeout_s": 6, "startup_timeout_s": 120, "cancel_grace_s": 5}}
     before = {p.name for p in (home / "runs").iterdir()} if (home / "runs").exists() else set()
     record: dict = {}
