@@ -241,6 +241,36 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
 
 
 @app.command()
+@_guard
+def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and optionally val/")],
+         landing: Annotated[str | None, typer.Option(help="Landing zone (default: refresh.landing of the config)")] = None,
+         batch_id: Annotated[str | None, typer.Option("--batch-id", help="Batch id (default: UTC time + random)")] = None,
+         config: Annotated[Path | None, typer.Option("--config", "-c", help="Config naming refresh.landing "
+                                                     "(default: $TAXIWAY_CONFIG)")] = None) -> None:
+    """Land new data as a batch for taxiway_refresh: files, then manifest, then the completion marker."""
+    from pipelines.refresh import landing as zone
+
+    if landing is None:
+        landing = _config_landing(config)
+    batch = zone.land(src, landing, batch_id)
+    typer.echo(f"landed batch {batch.id}: {batch.files} files, {batch.bytes} bytes, manifest sha256 "
+               f"{batch.manifest_sha256[:12]}…")
+    typer.echo(f"{batch.uri.rstrip('/')}/{zone.MARKER}")
+
+
+def _config_landing(config: Path | None) -> str:
+    import os
+
+    path = config or (Path(os.environ["TAXIWAY_CONFIG"]) if os.environ.get("TAXIWAY_CONFIG") else None)
+    if path is None:
+        raise BadInput("no landing zone: pass --landing, or --config (or TAXIWAY_CONFIG) with refresh.landing set")
+    landing = load_config(path).refresh.landing
+    if not landing:
+        raise BadInput(f"{path}: refresh.landing is not set; pass --landing")
+    return landing
+
+
+@app.command()
 def schema() -> None:
     """Print the RunConfig JSON schema."""
     typer.echo(json.dumps(RunConfig.model_json_schema(), indent=2))

@@ -198,6 +198,11 @@ class RunFolder:
     def registry_record(self) -> Path:
         return self.root / "registry.json"
 
+    # refresh -----------------------------------------------------------------------------------
+    @property
+    def refresh_plan(self) -> Path:
+        return self.root / "refresh" / "plan.json"
+
 
 @dataclass(frozen=True)
 class Cache:
@@ -213,6 +218,9 @@ class Cache:
 
     def packed(self, key: str) -> Path:
         return self.root / "packed" / key
+
+    def signatures(self, params: str) -> Path:
+        return self.root / "signatures" / params
 
     @property
     def models(self) -> Path:

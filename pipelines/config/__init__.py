@@ -14,6 +14,7 @@ from pipelines.config.schema import (
     ModelConfig,
     PackConfig,
     PreflightConfig,
+    RefreshConfig,
     RegistryConfig,
     RunConfig,
     TokenizerConfig,
@@ -21,6 +22,6 @@ from pipelines.config.schema import (
 )
 
 __all__ = ["SECTIONS", "CheckpointConfig", "ComputeConfig", "ConfigError", "DataConfig", "EvalConfig",
-           "KubernetesConfig", "ModelConfig", "PackConfig", "PreflightConfig", "RegistryConfig", "RunConfig",
+           "KubernetesConfig", "ModelConfig", "PackConfig", "PreflightConfig", "RefreshConfig", "RegistryConfig", "RunConfig",
            "TokenizerConfig", "TrainConfig", "apply_overrides", "check_label", "deep_merge", "image_problem",
            "load_config", "read_yaml_chain", "suggest", "validate"]

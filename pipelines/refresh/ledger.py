@@ -1,0 +1,98 @@
+"""The ledger: which landed batches a model version was trained on, kept on the version itself.
+
+Each version made by a refresh logs ``refresh/ledger.json`` (every batch in its lineage: id,
+manifest sha256, the version that first trained on it) as an artifact of its MLflow run and tags
+the version with the batches new to it, so the registry alone answers "what is new since the
+champion". A version trained from scratch has an empty ledger: every landed batch is new to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import BadInput
+from pipelines.refresh.landing import Batch
+
+ARTIFACT = "refresh/ledger.json"
+BATCHES_TAG = "taxiway.refresh.batches"
+
+
+class LedgerError(BadInput):
+    """A version's ledger that cannot be read; the message names the version."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a refresh does with the landed batches, each decision with its reason."""
+
+    new: list[Batch] = field(default_factory=list)
+    resent: list[tuple[Batch, str]] = field(default_factory=list)  # (batch, id it repeats)
+    changed: list[Batch] = field(default_factory=list)  # a trained id whose manifest differs now
+
+    def summary(self) -> str:
+        parts = [f"{len(self.new)} new batch(es)" + (f": {', '.join(b.id for b in self.new)}" if self.new else "")]
+        parts += [f"{b.id} dropped: same manifest as already trained batch {twin}" for b, twin in self.resent]
+        parts += [f"{b.id} skipped: trained before with another manifest; land changed data under a new id"
+                  for b in self.changed]
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Batches in a model's lineage, oldest first: ``{"id", "manifest_sha256", "version"}``."""
+
+    batches: tuple[dict[str, str], ...] = ()
+
+    def plan(self, landed: list[Batch]) -> Plan:
+        """Split the landed batches: new ones, re-sends (same manifest under another id, never
+        trained twice), and known ids whose manifest changed."""
+        by_id = {b["id"]: b["manifest_sha256"] for b in self.batches}
+        by_sha = {b["manifest_sha256"]: b["id"] for b in self.batches}
+        plan = Plan()
+        for batch in landed:
+            if batch.id in by_id:
+                if by_id[batch.id] != batch.manifest_sha256:
+                    plan.changed.append(batch)
+            elif batch.manifest_sha256 in by_sha:
+                plan.resent.append((batch, by_sha[batch.manifest_sha256]))
+            else:
+                by_sha[batch.manifest_sha256] = batch.id  # a second copy in this same landing is a re-send too
+                plan.new.append(batch)
+        return plan
+
+    def extended(self, new: list[Batch], version: str) -> Ledger:
+        return Ledger((*self.batches, *({**b.ref(), "version": version} for b in new)))
+
+    def to_json(self) -> str:
+        return json.dumps({"batches": list(self.batches)}, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Ledger:
+        try:
+            rows = json.loads(text)["batches"]
+            return cls(tuple({k: str(row[k]) for k in ("id", "manifest_sha256", "version")} for row in rows))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise LedgerError(f"{where}: not a Taxiway ledger ({exc.__class__.__name__})") from None
+
+
+def tags(new: list[Batch]) -> dict[str, str]:
+    """The version tag naming the batches new to it (the full list is the ledger artifact)."""
+    return {BATCHES_TAG: ",".join(b.id for b in new) or "none"}
+
+
+def of_version(c: Any, mv: Any, dest: Path) -> Ledger:
+    """The ledger of a registered model version (``mv``), read from its run's artifact; empty for
+    a version that no refresh made."""
+    from mlflow.exceptions import MlflowException
+
+    names = {a.path for a in c.list_artifacts(mv.run_id, "refresh")}
+    if ARTIFACT not in names:
+        return Ledger()
+    try:
+        local = c.download_artifacts(mv.run_id, ARTIFACT, str(dest))
+    except MlflowException as exc:
+        raise LedgerError(f"models:/{mv.name}/{mv.version}: cannot read {ARTIFACT} ({exc})") from None
+    return Ledger.from_json(Path(local).read_text(), f"models:/{mv.name}/{mv.version} {ARTIFACT}")

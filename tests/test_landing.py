@@ -1,0 +1,182 @@
+"""The landing zone contract (a batch exists for readers only once its marker is written, last),
+the ledger of batches a version was trained on, and what is new since the champion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import taxiway
+from pipelines import manifest
+from pipelines.errors import BadInput
+from pipelines.refresh import landing
+
+
+def _source(root: Path, docs: int = 3, val: bool = True) -> Path:
+    for i in range(docs):
+        (root / "train").mkdir(parents=True, exist_ok=True)
+        (root / "train" / f"doc{i}.txt").write_text(f"new training document {i}\n" * 20)
+    if val:
+        (root / "val").mkdir(parents=True, exist_ok=True)
+        (root / "val" / "v0.txt").write_text("a new held-out document\n" * 20)
+    return root
+
+
+def test_a_landed_batch_is_complete_with_its_manifest(tmp_path: Path):
+    src = _source(tmp_path / "src")
+    batch = landing.land(src, tmp_path / "landing", batch_id="b1")
+    assert landing.complete_batches(tmp_path / "landing") == [batch]
+    entries = manifest.read(batch.manifest)
+    assert {(e.split, e.path) for e in entries} == {("train", f"train/doc{i}.txt") for i in range(3)} | {("val", "val/v0.txt")}
+    assert batch.files == 4 and batch.bytes == sum(e.bytes for e in entries)
+    assert batch.manifest_sha256 == manifest.digest(batch.manifest)
+    assert batch.landed_at.endswith("Z")
+
+
+def test_a_batch_without_its_marker_is_never_read(tmp_path: Path):
+    zone = tmp_path / "landing"
+    landing.land(_source(tmp_path / "src"), zone, batch_id="b1")
+    half = zone / "b2"  # a copy under way (or interrupted): files and manifest, no marker yet
+    (half / "train").mkdir(parents=True)
+    (half / "train" / "x.txt").write_text("half")
+    (half / "manifest.jsonl").write_text("")
+    (zone / ".b3.1234.tmp").mkdir()  # a local lander's staging folder
+    assert [b.id for b in landing.complete_batches(zone)] == ["b1"]
+    with pytest.raises(landing.LandingError, match="b2: exists without its _COMPLETE marker"):
+        landing.land(_source(tmp_path / "src2"), zone, batch_id="b2")
+
+
+def test_landing_an_id_twice_is_refused_and_a_changed_manifest_is_caught(tmp_path: Path):
+    zone = tmp_path / "landing"
+    batch = landing.land(_source(tmp_path / "src"), zone, batch_id="b1")
+    with pytest.raises(landing.LandingError, match="batch b1 already exists"):
+        landing.land(_source(tmp_path / "src"), zone, batch_id="b1")
+    Path(batch.manifest).write_text(Path(batch.manifest).read_text().replace("doc0", "doc9"))
+    with pytest.raises(landing.LandingError, match=r"b1/manifest.jsonl: changed after landing"):
+        landing.complete_batches(zone)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda root: _source(root, docs=0, val=True), "needs a train/ folder"),
+    (lambda root: (_source(root), (root / "notes.md").write_text("x")), "unexpected notes.md"),
+])
+def test_a_source_that_is_no_batch_is_refused_naming_why(tmp_path: Path, make, message):
+    make(tmp_path / "src")
+    with pytest.raises(landing.LandingError, match=message):
+        landing.land(tmp_path / "src", tmp_path / "landing")
+    assert not (tmp_path / "landing").exists() or not any((tmp_path / "landing").iterdir())
+
+
+def test_a_source_manifest_must_match_its_files(tmp_path: Path):
+    src = _source(tmp_path / "src")
+    manifest.write(src / "manifest.jsonl", manifest.scan(src))
+    assert landing.land(src, tmp_path / "landing", batch_id="ok").files == 4
+    (src / "train" / "doc1.txt").write_text("changed after the manifest was written\n")
+    with pytest.raises(landing.LandingError, match=r"manifest.jsonl: train/doc1.txt differs from the file"):
+        landing.land(src, tmp_path / "landing", batch_id="bad")
+    assert [b.id for b in landing.complete_batches(tmp_path / "landing")] == ["ok"]
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "x" * 129, "sp ace"])
+def test_batch_ids_are_plain_names(tmp_path: Path, bad: str):
+    with pytest.raises(landing.LandingError, match="batch id"):
+        landing.land(_source(tmp_path / "src"), tmp_path / "landing", batch_id=bad)
+
+
+def test_an_fsspec_landing_zone_works_the_same(tmp_path: Path):
+    import fsspec
+
+    zone = f"memory://landing-{tmp_path.name}"
+    try:
+        batch = landing.land(_source(tmp_path / "src"), zone, batch_id="b1")
+        assert batch.uri.startswith("memory://") and landing.complete_batches(zone) == [batch]
+        assert len(manifest.read(batch.manifest)) == 4
+    finally:
+        fsspec.filesystem("memory").rm(zone.removeprefix("memory://"), recursive=True)
+
+
+def test_cli_land_prints_the_batch_and_refuses_bad_input(tmp_path: Path):
+    zone = tmp_path / "landing"
+    out = taxiway("land", str(_source(tmp_path / "src")), "--landing", str(zone), "--batch-id", "b1", check=True)
+    marker = json.loads((zone / "b1" / "_COMPLETE").read_text())
+    assert marker["batch_id"] == "b1" and out.stdout.strip().splitlines()[-1] == str(zone / "b1" / "_COMPLETE")
+    again = taxiway("land", str(tmp_path / "src"), "--landing", str(zone), "--batch-id", "b1")
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+def _batches(zone: Path, tmp_path: Path, *ids: str) -> list[landing.Batch]:
+    return [landing.land(_source(tmp_path / f"src-{i}", docs=2 + n), zone, batch_id=i) for n, i in enumerate(ids)]
+
+
+def test_the_ledger_plans_new_batches_and_drops_resent_ones(tmp_path: Path):
+    from pipelines.refresh.ledger import Ledger
+
+    zone = tmp_path / "landing"
+    b1, b2 = _batches(zone, tmp_path, "b1", "b2")
+    resent = landing.land(tmp_path / "src-b1", zone, batch_id="b1-again")  # the same files under another id
+    plan = Ledger().plan(landing.complete_batches(zone))
+    assert [b.id for b in plan.new] == ["b1", "b2"] and [(b.id, twin) for b, twin in plan.resent] == [("b1-again", "b1")]
+    ledger = Ledger().extended(plan.new, "3")
+    assert [b["id"] for b in ledger.batches] == ["b1", "b2"] and {b["version"] for b in ledger.batches} == {"3"}
+    assert Ledger.from_json(ledger.to_json(), "x") == ledger
+    again = ledger.plan(landing.complete_batches(zone))
+    assert again.new == [] and [b.id for b, _ in again.resent] == ["b1-again"]
+    assert "b1-again dropped: same manifest as already trained batch b1" in again.summary()
+    assert resent.manifest_sha256 == b1.manifest_sha256 != b2.manifest_sha256
+
+
+def test_a_versions_ledger_is_read_from_the_registry_alone(tmp_path: Path):
+    """A version with ``refresh/ledger.json`` on its run answers which batches it was trained on; one
+    without (trained from scratch) has an empty ledger; a damaged ledger names the version."""
+    from pipelines import registry
+    from pipelines.refresh import ledger as ledgers
+
+    c = registry.client()
+    zone = tmp_path / "landing"
+    (b1,) = _batches(zone, tmp_path, "b1")
+    c.create_registered_model("m")
+    versions = []
+    for text in (None, ledgers.Ledger().extended([b1], "2").to_json(), "{not json"):
+        run = c.create_run(c.create_experiment(f"e{len(versions)}")).info.run_id
+        if text is not None:
+            (tmp_path / "ledger.json").write_text(text)
+            c.log_artifact(run, str(tmp_path / "ledger.json"), "refresh")
+        versions.append(c.create_model_version("m", f"runs:/{run}/model", run_id=run))
+    assert ledgers.of_version(c, versions[0], tmp_path / "d0") == ledgers.Ledger()
+    assert [b["id"] for b in ledgers.of_version(c, versions[1], tmp_path / "d1").batches] == ["b1"]
+    with pytest.raises(ledgers.LedgerError, match="models:/m/3 refresh/ledger.json: not a Taxiway ledger"):
+        ledgers.of_version(c, versions[2], tmp_path / "d2")
+
+
+def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
+    from conftest import TINY
+    from pipelines import registry
+    from pipelines.config import load_config
+    from pipelines.refresh import ledger as ledgers
+    from pipelines.refresh.plan import new_since_champion
+
+    zone = tmp_path / "landing"
+    b1, b2 = _batches(zone, tmp_path, "b1", "b2")
+    landing.land(tmp_path / "src-b1", zone, batch_id="b1-again")
+    cfg = load_config(TINY, [f"refresh.landing={zone}"])
+    plan, champion = new_since_champion(cfg, tmp_path / "run0")
+    assert champion is None and [b.id for b in plan.new] == ["b1", "b2"]  # nothing registered: all new
+
+    c, name = registry.client(), cfg.registry.model_name
+    run = c.create_run(c.create_experiment("refresh")).info.run_id
+    (tmp_path / "ledger.json").write_text(ledgers.Ledger().extended([b1], "1").to_json())
+    c.log_artifact(run, str(tmp_path / "ledger.json"), "refresh")
+    c.create_registered_model(name)
+    mv = c.create_model_version(name, f"runs:/{run}/model", run_id=run)
+    c.set_registered_model_alias(name, cfg.registry.champion_alias, mv.version)
+
+    plan, champion = new_since_champion(cfg, tmp_path / "run1")
+    assert champion == f"models:/{name}/{mv.version}" and [b.id for b in plan.new] == ["b2"]
+    written = json.loads((tmp_path / "run1" / "refresh" / "plan.json").read_text())
+    assert [b["id"] for b in written["new"]] == ["b2"] and written["resent"][0]["repeats"] == "b1"
+    assert written["summary"].startswith("1 new batch(es): b2")
+
+    with pytest.raises(BadInput, match="refresh.landing: not set"):
+        new_since_champion(load_config(TINY, ["refresh.landing=null"]), tmp_path / "run2")
