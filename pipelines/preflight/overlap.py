@@ -95,6 +95,12 @@ class Signed:
     sigs: np.ndarray        # (n, num_perm) uint32
     keys: list[list[bytes]]  # per band, per document: LSH bucket key
 
+    @classmethod
+    def join(cls, parts: list[Signed], bands: int, num_perm: int) -> Signed:
+        """One ``Signed`` of ``parts`` in order."""
+        sigs = np.concatenate([v.sigs for v in parts]) if parts else np.empty((0, num_perm), np.uint32)
+        return cls([k for v in parts for k in v.ids], sigs, [[k for v in parts for k in v.keys[b]] for b in range(bands)])
+
 
 class TrainIndex:
     """The train split's signatures in a datasketch ``MinHashLSH`` (its own storage, filled with
@@ -158,10 +164,17 @@ def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tupl
             index.add(signed)
         else:
             val_signed[i] = signed
-    val_parts = [val_signed[i] for i in sorted(val_signed)]
-    sigs = np.concatenate([v.sigs for v in val_parts]) if val_parts else np.empty((0, p.num_perm), np.uint32)
-    keys = [[k for v in val_parts for k in v.keys[b]] for b in range(index.bands)]
-    return index, Signed([k for v in val_parts for k in v.ids], sigs, keys)
+    return index, Signed.join([val_signed[i] for i in sorted(val_signed)], index.bands, p.num_perm)
+
+
+def sign_files(cfg: RunConfig, files: list[storage.Location], root: storage.Location, workers: int) -> Signed:
+    """Signatures of the documents in ``files``, in file order, on ``workers`` processes."""
+    p = cfg.preflight
+    bands, rows = lsh_params(p.overlap_jaccard, p.num_perm)
+    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=MinHasher(p.num_perm, p.shingle_words), root=root,
+                   bands=bands, rows=rows)
+    done = dict(split_map(sign, size_groups(files, storage.size, BATCH_BYTES), workers))
+    return Signed.join([done[i] for i in sorted(done)], bands, p.num_perm)
 
 
 def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location) -> list[dict]:

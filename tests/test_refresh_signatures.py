@@ -1,0 +1,71 @@
+"""The near-duplicate index of trained data is stored per source and extended, never rebuilt from
+old documents."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY
+from pipelines import manifest
+from pipelines.config import load_config
+from pipelines.preflight.minhash import lsh_params
+from pipelines.preflight.overlap import sign_files
+from pipelines.refresh import landing, signatures
+from pipelines.refresh.signatures import labelled, trained_index
+
+WORDS = [f"w{i}" for i in range(5000)]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(home: Path) -> Path:
+    """Tests about what is stored use a cache of their own, not the session's shared one."""
+    (home / "cache").unlink()
+    (home / "cache").mkdir()
+    return home / "cache"
+
+
+def _doc(seed: int, n: int = 300) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + "\n"
+
+
+def _batch(root: Path, docs: dict[str, str]) -> Path:
+    (root / "train").mkdir(parents=True)
+    for name, text in docs.items():
+        (root / "train" / name).write_text(text)
+    return root
+
+
+def test_trained_signatures_are_stored_once_and_find_a_resent_document(tmp_path: Path):
+    cfg = load_config(TINY)
+    zone = tmp_path / "landing"
+    b1 = landing.land(_batch(tmp_path / "s1", {f"d{i}.txt": _doc(i) for i in range(6)}), zone, batch_id="b1")
+    index, signed_now = trained_index(cfg, [("b1", b1.manifest)], workers=2)
+    assert signed_now == 1 and len(index.ids) == 6 and signatures.path_of(cfg, b1.manifest_sha256).exists()
+
+    shutil.rmtree(Path(b1.uri) / "train")  # stored signatures need no old document
+    again, signed_now = trained_index(cfg, [("b1", b1.manifest)], workers=2)
+    assert signed_now == 0 and again.ids == index.ids and again.ids[0].startswith("b1:train/")
+
+    edited = _doc(3).replace("w1 ", "w2 ", 3)  # a re-sent document with a few words changed
+    b2 = landing.land(_batch(tmp_path / "s2", {"resent.txt": edited, "fresh.txt": _doc(99)}), zone, batch_id="b2")
+    root = manifest.root_of(b2.manifest)
+    new = sign_files(cfg, [root.join(e.path) for e in manifest.read(b2.manifest)], root, workers=1)
+    hits, _ = again.candidates(labelled(new, "b2"), cfg.preflight.overlap_jaccard - 0.1)
+    assert [(t, v) for t, v, _ in hits] == [("b1:train/d3.txt", "b2:train/resent.txt")]
+    bands, rows = lsh_params(cfg.preflight.overlap_jaccard, cfg.preflight.num_perm)
+    assert new.sigs.shape == (2, cfg.preflight.num_perm) and len(new.keys) == bands
+
+
+def test_a_stored_file_is_written_atomically_and_keyed_by_params(tmp_path: Path):
+    cfg = load_config(TINY)
+    b1 = landing.land(_batch(tmp_path / "s1", {"d.txt": _doc(1)}), tmp_path / "landing", batch_id="b1")
+    signatures.train_signatures(cfg, b1.manifest, workers=1)
+    other = load_config(TINY, ["preflight.num_perm=64"])
+    assert signatures.path_of(other, b1.manifest_sha256) != signatures.path_of(cfg, b1.manifest_sha256)
+    folder = signatures.path_of(cfg, b1.manifest_sha256).parent
+    assert [p.name for p in folder.iterdir()] == [f"{b1.manifest_sha256}.npz"]  # and no temp file
