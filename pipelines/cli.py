@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -259,8 +260,6 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
 
 
 def _config_landing(config: Path | None) -> str:
-    import os
-
     path = config or (Path(os.environ["TAXIWAY_CONFIG"]) if os.environ.get("TAXIWAY_CONFIG") else None)
     if path is None:
         raise BadInput("no landing zone: pass --landing, or --config (or TAXIWAY_CONFIG) with refresh.landing set")

@@ -16,7 +16,6 @@ from pathlib import Path, PurePosixPath
 from pipelines import storage
 from pipelines.errors import BadInput
 from pipelines.progress import Progress
-from trainer import fsio
 from trainer.fsio import sha256_file
 
 SPLITS = ("train", "val")
@@ -75,13 +74,7 @@ def render(entries: Iterable[Entry]) -> str:
 
 
 def write(path: str | Path, entries: list[Entry]) -> str:
-    loc = storage.locate(path)
-    if loc.local:
-        return str(fsio.write_text(loc.path, render(entries)))
-    tmp = f"{loc.path}.tmp"
-    loc.fs.pipe_file(tmp, render(entries).encode())
-    loc.fs.mv(tmp, loc.path)
-    return loc.uri()
+    return storage.write_text(storage.locate(path), render(entries))
 
 
 def parse_line(line: str, where: str) -> Entry:

@@ -17,8 +17,10 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       model/                         the exported model (weights + tokenizer files)
       eval/                          report.json, plots, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
+      refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
 
-    <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/
+    <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/,
+            signatures/<params>/<manifest sha256>.npz
 
 Trainer states are the trainer's own contract (``trainer.status.State``), re-exported here.
 """

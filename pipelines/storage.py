@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from pipelines.errors import BadInput
+from trainer import fsio
 from trainer.fsio import sha256_stream
 
 
@@ -101,3 +102,14 @@ def sha256(loc: Location) -> str:
 
 def relative(loc: Location, root: Location) -> str:
     return PurePosixPath(loc.path).relative_to(PurePosixPath(root.path)).as_posix()
+
+
+def write_text(loc: Location, text: str) -> str:
+    """Atomically: a temp file beside it, then a rename (a move on other filesystems; on object
+    stores that is one PUT of the whole object, atomic by itself). Returns the location's URI."""
+    if loc.local:
+        return str(fsio.write_text(loc.path, text))
+    tmp = f"{loc.path}.{os.getpid()}.tmp"
+    loc.fs.pipe_file(tmp, text.encode())
+    loc.fs.mv(tmp, loc.path)
+    return loc.uri()

@@ -60,6 +60,7 @@ def test_landing_an_id_twice_is_refused_and_a_changed_manifest_is_caught(tmp_pat
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda root: _source(root, docs=0, val=True), "needs a train/ folder"),
+    (lambda root: ((root / "train").mkdir(parents=True), _source(root, docs=0, val=True)), "train/ holds no files"),
     (lambda root: (_source(root), (root / "notes.md").write_text("x")), "unexpected notes.md"),
 ])
 def test_a_source_that_is_no_batch_is_refused_naming_why(tmp_path: Path, make, message):
@@ -67,6 +68,21 @@ def test_a_source_that_is_no_batch_is_refused_naming_why(tmp_path: Path, make, m
     with pytest.raises(landing.LandingError, match=message):
         landing.land(tmp_path / "src", tmp_path / "landing")
     assert not (tmp_path / "landing").exists() or not any((tmp_path / "landing").iterdir())
+
+
+def test_batches_come_in_landing_order_and_bad_markers_name_the_field(tmp_path: Path):
+    zone = tmp_path / "landing"
+    for i in ("z-first", "a-second"):
+        landing.land(_source(tmp_path / f"src-{i}"), zone, batch_id=i)
+    assert [b.id for b in landing.complete_batches(zone)] == ["z-first", "a-second"]
+    marker = zone / "a-second" / "_COMPLETE"
+    good = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in good.items() if k != "bytes"}))
+    with pytest.raises(landing.LandingError, match=r"a-second/_COMPLETE: field bytes missing or not a int"):
+        landing.complete_batches(zone)
+    marker.write_bytes(b"\xff not json")
+    with pytest.raises(landing.LandingError, match=r"a-second/_COMPLETE: not a JSON batch marker"):
+        landing.complete_batches(zone)
 
 
 def test_a_source_manifest_must_match_its_files(tmp_path: Path):
@@ -79,7 +95,7 @@ def test_a_source_manifest_must_match_its_files(tmp_path: Path):
     assert [b.id for b in landing.complete_batches(tmp_path / "landing")] == ["ok"]
 
 
-@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "x" * 129, "sp ace"])
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "x" * 129, "sp ace", "nl\n"])
 def test_batch_ids_are_plain_names(tmp_path: Path, bad: str):
     with pytest.raises(landing.LandingError, match="batch id"):
         landing.land(_source(tmp_path / "src"), tmp_path / "landing", batch_id=bad)
@@ -120,10 +136,12 @@ def test_the_ledger_plans_new_batches_and_drops_resent_ones(tmp_path: Path):
     assert [b.id for b in plan.new] == ["b1", "b2"] and [(b.id, twin) for b, twin in plan.resent] == [("b1-again", "b1")]
     ledger = Ledger().extended(plan.new, "3")
     assert [b["id"] for b in ledger.batches] == ["b1", "b2"] and {b["version"] for b in ledger.batches} == {"3"}
-    assert Ledger.from_json(ledger.to_json(), "x") == ledger
+    assert Ledger.from_json(ledger.to_json().encode(), "x") == ledger
     again = ledger.plan(landing.complete_batches(zone))
     assert again.new == [] and [b.id for b, _ in again.resent] == ["b1-again"]
     assert "b1-again dropped: same manifest as already trained batch b1" in again.summary()
+    relanded = Ledger(({**b2.ref(), "manifest_sha256": "0" * 64, "version": "2"},)).plan([b2])
+    assert relanded.new == [] and relanded.changed == [b2] and "b2 skipped: trained before" in relanded.summary()
     assert resent.manifest_sha256 == b1.manifest_sha256 != b2.manifest_sha256
 
 

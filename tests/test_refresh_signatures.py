@@ -61,11 +61,9 @@ def test_trained_signatures_are_stored_once_and_find_a_resent_document(tmp_path:
     assert new.sigs.shape == (2, cfg.preflight.num_perm) and len(new.keys) == bands
 
 
-def test_a_stored_file_is_written_atomically_and_keyed_by_params(tmp_path: Path):
-    cfg = load_config(TINY)
+def test_signatures_are_keyed_by_what_shapes_them(tmp_path: Path):
+    """Other MinHash parameters or another document format sign again; the same ones reuse the file."""
     b1 = landing.land(_batch(tmp_path / "s1", {"d.txt": _doc(1)}), tmp_path / "landing", batch_id="b1")
-    signatures.train_signatures(cfg, b1.manifest, workers=1)
-    other = load_config(TINY, ["preflight.num_perm=64"])
-    assert signatures.path_of(other, b1.manifest_sha256) != signatures.path_of(cfg, b1.manifest_sha256)
-    folder = signatures.path_of(cfg, b1.manifest_sha256).parent
-    assert [p.name for p in folder.iterdir()] == [f"{b1.manifest_sha256}.npz"]  # and no temp file
+    runs = [signatures.train_signatures(load_config(TINY, over), b1.manifest, workers=1)[1]
+            for over in ([], [], ["preflight.num_perm=64"], ["data.format=txt"])]
+    assert runs == [False, True, False, False]

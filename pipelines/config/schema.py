@@ -194,21 +194,10 @@ class RegistryConfig(Section):
 
 
 class RefreshConfig(Section):
-    """Incremental refresh (``taxiway_refresh``): where new data lands and how the champion goes on
-    training on it (docs/refresh.md)."""
+    """Incremental refresh (``taxiway_refresh``): where new data batches land (docs/refresh.md)."""
 
     landing: str | None = Field(
         None, description="Landing zone of new data batches (local path or fsspec URI); unset = no refresh")
-    cron: str = Field("0 3 * * *", min_length=9, description="When a scheduled refresh looks for new batches (UTC)")
-    replay_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.25, description="Share of the refresh's training documents replayed from data already trained on")
-    steps: PositiveInt = Field(500, description="Training steps of a refresh, after the parent's global step")
-    warmup_steps: Annotated[int, Field(ge=0)] = Field(20, description="Short re-warmup before the decay")
-    new_val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
-        0.1, description="Share of the new train documents held out to score the refresh on new data")
-    max_regression_bpb: float = Field(
-        0.01, ge=0.0, description="Largest bits-per-byte loss on the fixed validation set a refresh may cost")
-    max_attempts: PositiveInt = Field(3, description="Failed refreshes of a batch before it is quarantined")
 
 
 class RunConfig(Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import shutil
@@ -25,7 +26,8 @@ from trainer import fsio
 
 MARKER = "_COMPLETE"
 MANIFEST = "manifest.jsonl"
-BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_MARKER_FIELDS = {"batch_id": str, "manifest_sha256": str, "files": int, "bytes": int, "landed_at": str}
 
 
 class LandingError(BadInput):
@@ -52,12 +54,8 @@ class Batch:
         return {"id": self.id, "manifest_sha256": self.manifest_sha256}
 
 
-def _utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def check_batch_id(batch_id: str) -> str:
-    if not BATCH_ID.match(batch_id):
+    if not BATCH_ID.fullmatch(batch_id):
         raise LandingError(f"batch id {batch_id!r}: use letters, digits, '.', '_' or '-' (at most 128, "
                            "not starting with a dot)")
     return batch_id
@@ -66,16 +64,16 @@ def check_batch_id(batch_id: str) -> str:
 def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> Batch:
     """Copy the folder ``src`` (``train/`` and optionally ``val/``) into the landing zone as a batch:
     files first, then the manifest, then the marker. An interrupted copy leaves no marker, so no
-    reader ever sees it; landing the same id again is refused."""
+    reader ever sees it; landing an id that exists is refused."""
     source = Path(src)
     if not (source / "train").is_dir():
         raise LandingError(f"{source}: a batch needs a train/ folder (and may have val/)")
     extra = sorted(p.name for p in source.iterdir() if p.name not in ("train", "val", MANIFEST))
     if extra:
         raise LandingError(f"{source}: unexpected {', '.join(extra)} (a batch holds train/, val/ and manifest.jsonl)")
-    files = [f for split in ("train", "val") if (source / split).is_dir()
-             for f in sorted((source / split).rglob("*")) if f.is_file() or f.is_symlink()]
-    if not files:
+    files = {split: [Path(loc.path) for loc in storage.list_files(source / split)]
+             for split in ("train", "val") if (source / split).is_dir()}
+    if not files["train"]:
         raise LandingError(f"{source}: train/ holds no files")
     if batch_id is None:
         batch_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
@@ -87,18 +85,52 @@ def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> B
     if zone.fs.exists(target.path):
         raise LandingError(f"{target.uri()}: exists without its {MARKER} marker (an interrupted landing); "
                            "remove it or land under a new id")
-    entries = [manifest.entry_for(source, f, f.relative_to(source).parts[0]) for f in files]
+    rels = [f.relative_to(source.resolve()) for split in files.values() for f in split]
+    copy = _copy_local if zone.local else _copy_remote
+    entries = copy(source, target, rels)
+    text = manifest.render(entries)
+    if storage.read_bytes(target.join(MANIFEST)).decode() != text:
+        raise LandingError(f"{target.uri()}: another lander wrote batch {batch_id} meanwhile; land under a new id")
+    marker = {"batch_id": batch_id, "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
+              "files": len(entries), "bytes": sum(e.bytes for e in entries),
+              "landed_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+    storage.write_text(target.join(MARKER), json.dumps(marker, indent=1) + "\n")
+    return _batch(target, marker)
+
+
+def _copy_local(source: Path, target: storage.Location, rels: list[Path]) -> list[manifest.Entry]:
+    """Into a hidden staging folder: each file copied, synced and hashed as copied (the manifest
+    describes what landed, not what the source held a moment before), the manifest, then one
+    rename into place. A lander that lost a race for the id leaves the winner's folder untouched."""
+    with fsio.staged_dir(Path(target.path)) as staging:
+        for rel in rels:
+            dest = staging / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / rel, dest)
+            with open(dest, "rb") as fh:
+                os.fsync(fh.fileno())
+        entries = _checked(source, [manifest.entry_for(staging, staging / rel, rel.parts[0]) for rel in rels])
+        fsio.write_text(staging / MANIFEST, manifest.render(entries))
+    return entries
+
+
+def _copy_remote(source: Path, target: storage.Location, rels: list[Path]) -> list[manifest.Entry]:
+    """Object stores have no folder rename: files go straight in, then the manifest; the marker,
+    written last, is what makes the batch exist for readers. Two landers of one id are not
+    serialised here (the default id is unique); the manifest read back before the marker catches
+    most collisions."""
+    for rel in rels:
+        target.fs.put_file(str(source / rel), target.join(rel.as_posix()).path)
+    entries = _checked(source, [manifest.Entry(rel.as_posix(), rel.parts[0], storage.size(loc), storage.sha256(loc))
+                                for rel in rels for loc in [target.join(rel.as_posix())]])
+    storage.write_text(target.join(MANIFEST), manifest.render(entries))
+    return entries
+
+
+def _checked(source: Path, entries: list[manifest.Entry]) -> list[manifest.Entry]:
     if (source / MANIFEST).exists():
         _check_source_manifest(source / MANIFEST, entries)
-    text = manifest.render(entries)
-    if zone.local:
-        _copy_local(source, Path(target.path), files, text)
-    else:
-        _copy_remote(source, target, files, text)
-    marker = {"batch_id": batch_id, "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
-              "files": len(entries), "bytes": sum(e.bytes for e in entries), "landed_at": _utc_now()}
-    _write(target.join(MARKER), json.dumps(marker, indent=1) + "\n")
-    return _batch(target, marker)
+    return entries
 
 
 def _check_source_manifest(path: Path, entries: list[manifest.Entry]) -> None:
@@ -114,64 +146,48 @@ def _check_source_manifest(path: Path, entries: list[manifest.Entry]) -> None:
             raise LandingError(f"{path}: {rel} differs from the file (split or sha256)")
 
 
-def _copy_local(source: Path, target: Path, files: list[Path], manifest_text: str) -> None:
-    """Into a hidden staging folder, renamed into place only when every file is there; a lander
-    that lost a race for the same id is refused, not merged."""
-    with fsio.staged_dir(target) as staging:
-        for f in files:
-            dest = staging / f.relative_to(source)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, dest)
-        fsio.write_text(staging / MANIFEST, manifest_text)
-    if (target / MANIFEST).read_text() != manifest_text:
-        raise LandingError(f"{target}: another lander took batch id {target.name} meanwhile; land under a new id")
-
-
-def _copy_remote(source: Path, target: storage.Location, files: list[Path], manifest_text: str) -> None:
-    """Object stores have no rename of folders: files go straight in; the marker, written last,
-    is what makes the batch exist for readers."""
-    for f in files:
-        target.fs.put_file(str(f), target.join(f.relative_to(source).as_posix()).path)
-    _write(target.join(MANIFEST), manifest_text)
-
-
-def _write(loc: storage.Location, text: str) -> None:
-    if loc.local:
-        fsio.write_text(Path(loc.path), text)
-        return
-    tmp = f"{loc.path}.{secrets.token_hex(4)}.tmp"
-    loc.fs.pipe_file(tmp, text.encode())
-    loc.fs.mv(tmp, loc.path)
-
-
 def _batch(target: storage.Location, marker: dict) -> Batch:
     return Batch(id=marker["batch_id"], uri=target.uri(), manifest_sha256=marker["manifest_sha256"],
                  files=marker["files"], bytes=marker["bytes"], landed_at=marker["landed_at"])
 
 
+def _read_marker(folder: storage.Location, name: str) -> dict:
+    where = folder.join(MARKER).uri()
+    try:
+        marker = json.loads(storage.read_bytes(folder.join(MARKER)).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise LandingError(f"{where}: not a JSON batch marker") from None
+    if not isinstance(marker, dict):
+        raise LandingError(f"{where}: not a JSON batch marker")
+    for field, kind in _MARKER_FIELDS.items():
+        if not isinstance(marker.get(field), kind) or isinstance(marker.get(field), bool):
+            raise LandingError(f"{where}: field {field} missing or not a {kind.__name__}")
+    if marker["batch_id"] != name:
+        raise LandingError(f"{where}: marker names batch {marker['batch_id']!r}, folder is {name!r}")
+    return marker
+
+
 def complete_batches(landing: str | Path) -> list[Batch]:
-    """Every complete batch in the landing zone, oldest id first; folders without a marker (being
-    copied) and hidden staging folders are not batches. A marker whose manifest no longer matches
-    is an error naming the batch."""
+    """Every complete batch in the landing zone, in landing order (``landed_at``, then id); folders
+    without a marker (being copied) and hidden staging folders are not batches. A bad marker, or a
+    manifest that no longer matches its marker, is an error naming the batch."""
     zone = storage.locate(landing)
     if not zone.fs.isdir(zone.path):
         return []
     batches = []
-    for path in sorted(zone.fs.ls(zone.path, detail=False)):
+    for path in zone.fs.ls(zone.path, detail=False):
         name = PurePosixPath(path).name
         if name.startswith(".") or not zone.fs.isfile(f"{path}/{MARKER}"):
             continue
         folder = storage.Location(zone.fs, path, zone.protocol)
-        where = folder.join(MARKER).uri()
+        check_batch_id(name)
+        marker = _read_marker(folder, name)
         try:
-            marker = json.loads(storage.read_bytes(folder.join(MARKER)))
-            if marker["batch_id"] != name:
-                raise LandingError(f"{where}: marker names batch {marker['batch_id']!r}, folder is {name!r}")
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise LandingError(f"{where}: not a valid batch marker ({exc.__class__.__name__})") from None
-        actual = storage.sha256(folder.join(MANIFEST))
+            actual = storage.sha256(folder.join(MANIFEST))
+        except FileNotFoundError:
+            raise LandingError(f"{folder.uri()}: complete (marker present) but {MANIFEST} is missing") from None
         if actual != marker["manifest_sha256"]:
             raise LandingError(f"{folder.join(MANIFEST).uri()}: changed after landing (sha256 {actual[:12]}…, "
                                f"marker says {marker['manifest_sha256'][:12]}…); land changed data as a new batch")
         batches.append(_batch(folder, marker))
-    return batches
+    return sorted(batches, key=lambda b: (b.landed_at, b.id))

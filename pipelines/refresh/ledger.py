@@ -1,9 +1,11 @@
 """The ledger: which landed batches a model version was trained on, kept on the version itself.
 
-Each version made by a refresh logs ``refresh/ledger.json`` (every batch in its lineage: id,
-manifest sha256, the version that first trained on it) as an artifact of its MLflow run and tags
-the version with the batches new to it, so the registry alone answers "what is new since the
-champion". A version trained from scratch has an empty ledger: every landed batch is new to it.
+A version made by a refresh is to carry ``refresh/ledger.json`` (every batch in its lineage: id,
+manifest sha256, the version that first trained on it) as an artifact of its MLflow run and a tag
+naming the batches new to it (``tags``), so the registry alone answers "what is new since the
+champion". A version with no ledger (trained from scratch) has an empty one: every landed batch is
+new to it. Whole batches are matched here by manifest sha256; single re-sent files are the
+near-duplicate check's business (``signatures``).
 """
 
 from __future__ import annotations
@@ -70,12 +72,18 @@ class Ledger:
         return json.dumps({"batches": list(self.batches)}, indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Ledger:
+    def from_json(cls, data: bytes, where: str) -> Ledger:
         try:
-            rows = json.loads(text)["batches"]
-            return cls(tuple({k: str(row[k]) for k in ("id", "manifest_sha256", "version")} for row in rows))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise LedgerError(f"{where}: not a Taxiway ledger ({exc.__class__.__name__})") from None
+            rows = json.loads(data.decode("utf-8"))["batches"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            raise LedgerError(f"{where}: not a Taxiway ledger (JSON with a 'batches' list)") from None
+        if not isinstance(rows, list):
+            raise LedgerError(f"{where}: 'batches' is not a list")
+        for i, row in enumerate(rows):
+            bad = [k for k in ("id", "manifest_sha256", "version") if not isinstance(row, dict) or not isinstance(row.get(k), str)]
+            if bad:
+                raise LedgerError(f"{where}: batches[{i}].{bad[0]} missing or not a string")
+        return cls(tuple({k: row[k] for k in ("id", "manifest_sha256", "version")} for row in rows))
 
 
 def tags(new: list[Batch]) -> dict[str, str]:
@@ -88,11 +96,10 @@ def of_version(c: Any, mv: Any, dest: Path) -> Ledger:
     a version that no refresh made."""
     from mlflow.exceptions import MlflowException
 
-    names = {a.path for a in c.list_artifacts(mv.run_id, "refresh")}
-    if ARTIFACT not in names:
+    if not mv.run_id or ARTIFACT not in {a.path for a in c.list_artifacts(mv.run_id, "refresh")}:
         return Ledger()
     try:
         local = c.download_artifacts(mv.run_id, ARTIFACT, str(dest))
     except MlflowException as exc:
         raise LedgerError(f"models:/{mv.name}/{mv.version}: cannot read {ARTIFACT} ({exc})") from None
-    return Ledger.from_json(Path(local).read_text(), f"models:/{mv.name}/{mv.version} {ARTIFACT}")
+    return Ledger.from_json(Path(local).read_bytes(), f"models:/{mv.name}/{mv.version} {ARTIFACT}")

@@ -27,8 +27,9 @@ VERSION = 1  # of the shingling and hashing; a change makes earlier signatures u
 
 
 def params_key(cfg: RunConfig) -> str:
+    """What shapes a signature: the hashing version, its parameters, and how files split into documents."""
     p = cfg.preflight
-    return f"v{VERSION}-perm{p.num_perm}-w{p.shingle_words}"
+    return f"v{VERSION}-perm{p.num_perm}-w{p.shingle_words}-{cfg.data.format or 'byext'}"
 
 
 def path_of(cfg: RunConfig, manifest_sha256: str) -> Path:
