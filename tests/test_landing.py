@@ -113,13 +113,15 @@ def test_an_fsspec_landing_zone_works_the_same(tmp_path: Path):
         fsspec.filesystem("memory").rm(zone.removeprefix("memory://"), recursive=True)
 
 
-def test_cli_land_prints_the_batch_and_refuses_bad_input(tmp_path: Path):
+def test_cli_land_prints_the_batch_and_refuses_bad_input(home: Path, tmp_path: Path):
     zone = tmp_path / "landing"
     out = taxiway("land", str(_source(tmp_path / "src")), "--landing", str(zone), "--batch-id", "b1", check=True)
     marker = json.loads((zone / "b1" / "_COMPLETE").read_text())
     assert marker["batch_id"] == "b1" and out.stdout.strip().splitlines()[-1] == str(zone / "b1" / "_COMPLETE")
     again = taxiway("land", str(tmp_path / "src"), "--landing", str(zone), "--batch-id", "b1")
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    default = taxiway("land", str(tmp_path / "src"), check=True)  # refresh.landing of $TAXIWAY_CONFIG
+    assert [b.id for b in landing.complete_batches(home / "landing")] == [default.stdout.split()[2].rstrip(":")]
 
 
 def _batches(zone: Path, tmp_path: Path, *ids: str) -> list[landing.Batch]:
