@@ -187,11 +187,11 @@ class LiveAirflow:
 
         return wait_for(f"run {run_id} to finish", probe, timeout_s, every_s=2)
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                            headers={"Accept": "text/plain"})
-        resp.raise_for_status()
-        return resp.text
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str | None:
+        """A try's log file as the worker wrote it (JSON lines), or None before it exists."""
+        paths = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/"
+                                               f"attempt={try_number}.log"))
+        return paths[0].read_text(errors="replace") if paths else None
 
 
 def _die_with_parent() -> None:

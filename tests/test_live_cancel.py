@@ -96,8 +96,9 @@ class Scenario:
         return state == "deferred"
 
     def explain(self) -> str:
+        """The task's state and the end of this try's log file as the worker wrote it."""
         ti = self.ti()
-        log = self.live.task_log(DAG, self.run_id, GANG, ti["try_number"])
+        log = self.live.task_log(DAG, self.run_id, GANG, ti["try_number"]) or "(no log file)"
         return f"gang task is {ti['state']} (try {ti['try_number']}); its log ends:\n{log[-4000:]}"
 
     def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:

@@ -20,10 +20,9 @@ SECRET = "s3cr3t-hash-do-not-echo"
 
 
 def _log(live, run_id: str, task_id: str, attempt: int = 1) -> str:
-    """The task's log file as the worker wrote it (JSON lines; messages are what we look for)."""
-    paths = list((live.home / "logs").glob(f"dag_id={DAG}/run_id={run_id}/task_id={task_id}/attempt={attempt}.log"))
-    assert paths, f"no log for {task_id} of {run_id}"
-    return paths[0].read_text(errors="replace")
+    log = live.task_log(DAG, run_id, task_id, attempt)
+    assert log is not None, f"no log for {task_id} of {run_id}"
+    return log
 
 
 @pytest.mark.live

@@ -17,6 +17,14 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+# Airflow 3.3 fails a resumed task if its trigger fires before the scheduler has drained the
+# executor's "success" for the try that deferred (apache/airflow#72716, #71580; fixes not yet
+# released): seen live when a cleared try re-attached to a gang that the previous try's trigger
+# was canceling, so the event came 3 s after deferral while the deferring process took 5 s to
+# exit. An event is therefore never sent sooner than this after the trigger started; a gang
+# that ends that early is rare (its start-up alone takes longer) and loses only these seconds.
+MIN_EVENT_DELAY_S = 10.0
+
 
 class GangTrigger(BaseTrigger):
     def __init__(self, watch: dict[str, Any], poll_s: float, report_every_s: float, cancel_grace_s: float,
@@ -38,6 +46,7 @@ class GangTrigger(BaseTrigger):
         one, another try owns the run's training and this trigger touches nothing."""
         from pipelines import training
 
+        started = time.monotonic()
         watch = training.Watch(**self.watch)
         handle = await asyncio.to_thread(training.load, watch.gang_json)
         if handle.gang_id == watch.gang_id:
@@ -56,6 +65,7 @@ class GangTrigger(BaseTrigger):
             result["detail"] += f" (processes killed at cleanup: {killed})"
         if result["state"] != training.SUPERSEDED:
             await self._report()
+        await asyncio.sleep(max(0.0, MIN_EVENT_DELAY_S - (time.monotonic() - started)))
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
