@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -43,8 +44,9 @@ def _handle(run_dir: Path) -> local.Handle | None:
         return None
 
 
-def _new_gang(run_dir: Path, old: str | None, timeout_s: float = 180) -> local.Handle:
-    return wait_for("a new gang", lambda: (h := _handle(run_dir)) and h.gang_id != old and h, timeout_s, every_s=0.02)
+def _new_gang(run_dir: Path, old: str | None, explain: Callable[[], str], timeout_s: float = 180) -> local.Handle:
+    return wait_for("a new gang", lambda: (h := _handle(run_dir)) and h.gang_id != old and h, timeout_s, every_s=0.02,
+                    explain=explain)
 
 
 def _stepping(run_dir: Path, handle: local.Handle, min_step: int) -> int:
@@ -103,7 +105,7 @@ class Scenario:
 
     def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:
         """Wait for the next launch; for ``running`` freeze the task process before it defers."""
-        handle = _new_gang(self.run_dir, self.gang_id)
+        handle = _new_gang(self.run_dir, self.gang_id, self.explain)
         self.gang_id = handle.gang_id
         frozen = None
         if phase == "running":
@@ -156,7 +158,7 @@ def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 2.5 * RE
     """Across two of the trigger's report intervals, the gang task never leaves ``deferred``:
     a task woken for each report passes through scheduled/queued, where a cancel reaches neither
     the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
-    handle = _new_gang(scenario.run_dir, scenario.gang_id)
+    handle = _new_gang(scenario.run_dir, scenario.gang_id, scenario.explain)
     _stepping(scenario.run_dir, handle, 2)
     wait_for("the gang task to defer", scenario.deferred, 180, explain=scenario.explain)
     start, t0 = _stepping(scenario.run_dir, handle, 2), time.monotonic()
