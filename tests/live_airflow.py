@@ -102,8 +102,8 @@ class LiveAirflow:
                                                 start_new_session=True, cwd=self.root, preexec_fn=_die_with_parent)
             log.close()
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
-        self.api = httpx.Client(base_url=self.url, timeout=30,
-                                headers={"Authorization": f"Bearer {self.token()}"})
+        self.api = _RetryingClient(base_url=self.url, timeout=30,
+                                   headers={"Authorization": f"Bearer {self.token()}"})
         return self
 
     def stop(self, grace_s: float = 20) -> None:
@@ -156,14 +156,7 @@ class LiveAirflow:
         self.api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
 
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> httpx.Response:
-        """Create a run; on SQLite metadata the api-server answers 500 "Database error" while the
-        scheduler holds the write lock, so that answer is retried (a 400 is the conf's own)."""
-        for _ in range(5):
-            resp = self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
-            if resp.status_code != 500 or "Database error" not in resp.text:
-                return resp
-            time.sleep(1)
-        return resp
+        return self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
 
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         resp = self.api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
@@ -192,6 +185,20 @@ class LiveAirflow:
         paths = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/"
                                                f"attempt={try_number}.log"))
         return paths[0].read_text(errors="replace") if paths else None
+
+
+class _RetryingClient(httpx.Client):
+    """On SQLite metadata the api-server answers any request 500 "Database error" when the scheduler
+    held the write lock past SQLite's busy timeout; such an answer changed nothing and is retried
+    (any other answer, a 4xx included, is the request's own)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        for _ in range(5):
+            resp = super().request(*args, **kwargs)
+            if resp.status_code != 500 or "Database error" not in resp.text:
+                return resp
+            time.sleep(1)
+        return resp
 
 
 def _die_with_parent() -> None:
