@@ -51,3 +51,13 @@ def decide(candidate: Score, baseline: Score, baseline_label: str, min_improveme
               f"{baseline_label} {baseline.bits_per_byte:.4f} bpb: improvement {iv.point:+.4f} bpb, {verdict} "
               f"(paired bootstrap over {len(paired)} {paired.unit}s, {samples} resamples)")
     return Decision(passed, iv, paired.unit, len(paired), min_improvement, reason), paired
+
+
+def refresh_decision(fixed: Decision, fresh: Decision, max_regression_bpb: float) -> tuple[bool, str]:
+    """A refresh passes when it is significantly better on the new data (``fresh``, the gate above)
+    and loses at most ``max_regression_bpb`` on the fixed validation set (point estimate)."""
+    regressed = fixed.improvement_bpb < -max_regression_bpb
+    passed = fresh.passed and not regressed
+    return passed, (f"refresh gate {'PASSED' if passed else 'FAILED'}: new data: {fresh.reason}; fixed validation "
+                     f"set: improvement {fixed.improvement_bpb:+.4f} bpb, {'beyond' if regressed else 'within'} the "
+                     f"allowed regression of {-max_regression_bpb:+.4f} bpb")

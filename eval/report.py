@@ -80,3 +80,14 @@ def files(rep: dict[str, Any], paired: Paired, decision: Decision) -> dict[str, 
         "report.md": markdown(rep).encode(),
         "report.json": (json.dumps(rep, indent=2) + "\n").encode(),
     }
+
+
+def with_refresh(rep: dict[str, Any], candidate: Score, baseline: Score, fresh: Decision, passed: bool,
+                 reason: str, max_regression_bpb: float) -> dict[str, Any]:
+    """The report of a refresh: both sets side by side, the verdict the refresh gate gave."""
+    out = {**rep, "passed": passed, "reason": reason, "refresh": {
+        "fixed": {"improvement_bpb": rep["improvement_bpb"], "max_regression_bpb": max_regression_bpb},
+        "fresh": {"gate": fresh.to_dict(), "reason": fresh.reason, "candidate": candidate.summary(),
+                  "baseline": baseline.summary()}}}
+    out["summary"] = f"{reason}. " + summary(rep)
+    return out

@@ -248,7 +248,9 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
          batch_id: Annotated[str | None, typer.Option("--batch-id", help="Batch id (default: UTC time + random)")] = None,
          config: Annotated[Path | None, typer.Option("--config", "-c", help="Config naming refresh.landing "
                                                      "(default: $TAXIWAY_CONFIG)")] = None) -> None:
-    """Land new data as a batch for taxiway_refresh: files, then manifest, then the completion marker."""
+    """Land new data as a batch for taxiway_refresh: files, then manifest, then the completion marker;
+    then, when TAXIWAY_AIRFLOW_URL is set, announce it to Airflow as an asset event."""
+    from pipelines.refresh import announce
     from pipelines.refresh import landing as zone
 
     if landing is None:
@@ -256,6 +258,13 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
     batch = zone.land(src, landing, batch_id)
     typer.echo(f"landed batch {batch.id}: {batch.files} files, {batch.bytes} bytes, manifest sha256 "
                f"{batch.manifest_sha256[:12]}…")
+    if announce.configured():
+        try:
+            event = announce.announce(batch, landing)
+        except announce.NotAnnounced as exc:
+            typer.echo(f"{batch.uri.rstrip('/')}/{zone.MARKER}")
+            raise announce.NotAnnounced(f"batch {batch.id} landed, but {exc}; the refresh's cron will find it") from None
+        typer.echo(f"announced: asset event {event['id']} on {event['asset']} at {event['timestamp']}")
     typer.echo(f"{batch.uri.rstrip('/')}/{zone.MARKER}")
 
 

@@ -20,7 +20,7 @@ from pipelines.run_folder import taxiway_home
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_ROOTS_ENV = "TAXIWAY_CONFIG_ROOTS"
 DATA_ROOTS_ENV = "TAXIWAY_DATA_ROOTS"
-DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path")
+DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path", "refresh.landing")
 
 
 class OutOfBounds(BadInput):

@@ -18,6 +18,9 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       eval/                          report.json, plots, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
       refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
+      refresh/data/, assembled.json  its dataset (new train files, the fixed val, fresh/ held out)
+      refresh/ledger.json            the batches of the version it registered
+      tokenize/fresh.json            link to the packed held-out new data (the refresh gate's 2nd set)
 
     <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/,
             signatures/<params>/<manifest sha256>.npz
@@ -204,6 +207,23 @@ class RunFolder:
     @property
     def refresh_plan(self) -> Path:
         return self.root / "refresh" / "plan.json"
+
+    @property
+    def refresh_data(self) -> Path:
+        """The refresh's dataset: new train files, the fixed val files, held-out new files (``fresh/``)."""
+        return self.root / "refresh" / "data"
+
+    @property
+    def refresh_assembled(self) -> Path:
+        return self.root / "refresh" / "assembled.json"
+
+    @property
+    def refresh_ledger(self) -> Path:
+        return self.root / "refresh" / "ledger.json"
+
+    @property
+    def fresh_packed_link(self) -> Path:
+        return self.root / "tokenize" / "fresh.json"
 
 
 @dataclass(frozen=True)

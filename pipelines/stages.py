@@ -68,13 +68,22 @@ def tokenize(cfg: RunConfig, run_dir: Path):
     with the parent model's tokenizer when training continues from a parent."""
     from pipelines import tokenize as tk
     from pipelines.preflight.decontaminate import effective_data
+    from pipelines.refresh import plan as refresh_plan
+    from pipelines.refresh import replay
+    from pipelines.refresh.assemble import fresh_config
 
     cfg = effective_data(cfg, run_dir)
     parent = parent_weights(cfg, RunFolder(run_dir).parent)
     if parent is not None:
         cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
             update={"path": str(parent_tokenizer(cfg, parent))})})
-    return tk.run(cfg, run_dir)
+    plan = refresh_plan.of_run(run_dir)
+    if plan is None:
+        return tk.run(cfg, run_dir)
+    packed = tk.run(cfg, run_dir, replay=replay.of_run(cfg, plan))
+    if (fresh := fresh_config(cfg, run_dir)) is not None:  # the held-out new data, for the refresh gate
+        tk.run(fresh, run_dir, splits=("val",), link=RunFolder(run_dir).fresh_packed_link)
+    return packed
 
 
 def parent_tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
@@ -106,7 +115,28 @@ def trainer_spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
     packed = Path(lineage.packed_info(run_dir)["path"])
     if smoke:
         shutil.rmtree(folder.smoke, ignore_errors=True)
-    return write_trainer_spec(cfg, run_dir, packed, parent_weights(cfg, folder.parent), smoke=smoke)
+    weights = parent_weights(cfg, folder.parent)
+    return write_trainer_spec(cfg, run_dir, packed, weights, smoke=smoke,
+                              parent_checkpoint=parent_checkpoint(cfg, weights) if weights else None)
+
+
+def parent_checkpoint(cfg: RunConfig, weights: Path) -> Path | None:
+    """The parent's full checkpoint (optimizer state too) when the run folder it was trained in
+    (its version's ``taxiway.run_dir``) still holds a valid one at the step its weights were
+    exported from; else None, and training continues from the weights alone. Either way it is logged."""
+    from pipelines import registry
+    from trainer import checkpoint
+
+    mv = registry.resolve_version(cfg.parent, cfg.registry)
+    origin = (mv.tags or {}).get("taxiway.run_dir")
+    newest = checkpoint.latest_valid(RunFolder(Path(origin)).checkpoints) if origin else None
+    exported = json.loads((weights / "model.json").read_text()).get("global_step")
+    if newest is not None and json.loads((newest / "meta.json").read_text())["global_step"] == exported:
+        log.info("continuing %s from its full checkpoint %s (weights and optimizer state)", cfg.parent, newest)
+        return newest
+    log.info("continuing %s from its weights only (optimizer state starts fresh): %s", cfg.parent,
+             f"no valid checkpoint at step {exported} left in {origin}" if origin else "its version names no run folder")
+    return None
 
 
 def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -212,6 +242,8 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
     from eval.model_files import load_model, resolve_device
     from eval.score import score
     from pipelines import registry
+    from pipelines.preflight.decontaminate import effective_data
+    from pipelines.refresh.assemble import fresh_config
 
     e, folder = cfg.eval, RunFolder(run_dir)
     _require(folder.packed_link, "tokenize")
@@ -228,7 +260,7 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
                 "name": None, "uri": None, "version": None}
     else:
         model, _ = load_model(chosen.folder, device, chosen.weights_sha256)
-        base = score(model, _baseline_packed(cfg, run_dir, packed, chosen.folder), "val", e.batch_size,
+        base = score(model, _baseline_packed(effective_data(cfg, run_dir), packed, chosen.folder), "val", e.batch_size,
                      e.max_batches, device)
         info = {"kind": chosen.kind, "label": f"{chosen.kind} models:/{chosen.name}/{chosen.version}",
                 "name": chosen.name, "uri": chosen.uri, "version": chosen.version}
@@ -236,22 +268,30 @@ def evaluate(cfg: RunConfig, run_dir: Path, baseline: str | None = None) -> dict
                                    e.bootstrap_samples, e.seed)
     report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
                                str(folder.model))
+    if chosen is not None and folder.fresh_packed_link.exists():  # a refresh: judged on the new data too
+        fresh_packed = Path(json.loads(folder.fresh_packed_link.read_text())["path"])
+        cand_f = score(candidate, fresh_packed, "val", e.batch_size, e.max_batches, device)
+        base_f = score(model, _baseline_packed(fresh_config(cfg, run_dir), fresh_packed, chosen.folder),
+                       "val", e.batch_size, e.max_batches, device)
+        fresh, _ = gate.decide(cand_f, base_f, info["label"], e.min_improvement, e.confidence, e.bootstrap_samples,
+                               e.seed)
+        passed, reason = gate.refresh_decision(decision, fresh, cfg.refresh.max_regression_bpb)
+        report = eval_report.with_refresh(report, cand_f, base_f, fresh, passed, reason,
+                                          cfg.refresh.max_regression_bpb)
     for name, data in eval_report.files(report, paired, decision).items():
         fsio.write_bytes(folder.eval / name, data)
     log.info("%s", report["reason"])
     return report
 
 
-def _baseline_packed(cfg: RunConfig, run_dir: Path, packed: Path, baseline_dir: Path) -> Path:
-    """The val split as the baseline reads it: the candidate's windows when the tokenizers match,
-    else the same (possibly decontaminated) val text packed with the baseline's own tokenizer."""
+def _baseline_packed(data: RunConfig, packed: Path, baseline_dir: Path) -> Path:
+    """The val split of ``data`` as the baseline reads it: the candidate's windows (``packed``) when
+    the tokenizers match, else the same val text packed with the baseline's own tokenizer."""
     from pipelines import tokenize as tk
-    from pipelines.preflight.decontaminate import effective_data
 
     theirs = _require(baseline_dir / "tokenizer.json", "register (the baseline has no tokenizer.json)")
     if fsio.sha256_file(theirs) == fsio.sha256_file(packed / "tokenizer.json"):
         return packed
-    data = effective_data(cfg, run_dir)
     other = data.model_copy(update={"tokenizer": data.tokenizer.model_copy(update={"path": str(theirs)})})
     return tk.run(other, splits=("val",)).path
 
@@ -275,10 +315,14 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     was evaluated, it is evaluated again against the new champion and promotion is tried again, at
     most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``."""
     from pipelines import registry
+    from pipelines.refresh import ledger
+    from pipelines.refresh import plan as refresh_plan
 
     folder, reg = RunFolder(run_dir), cfg.registry
     report = json.loads(_require(folder.eval_report, "evaluate").read_text())
     registered = registry.register(cfg, run_dir, run_key, report, airflow)
+    if (plan := refresh_plan.of_run(run_dir)) is not None:
+        ledger.record(reg, registered, run_dir, plan)
     outcome = registry.promote(reg, registered.version, report)
     for attempt in range(1, reg.max_reevaluations + 1):
         if not isinstance(outcome, registry.ChampionMoved):

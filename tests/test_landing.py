@@ -124,6 +124,20 @@ def test_cli_land_prints_the_batch_and_refuses_bad_input(home: Path, tmp_path: P
     assert [b.id for b in landing.complete_batches(home / "landing")] == [default.stdout.split()[2].rstrip(":")]
 
 
+def test_cli_land_says_when_it_could_not_announce_the_batch(home: Path, tmp_path: Path):
+    """Announcing is configured from the environment; a batch that landed but was not announced is
+    said so (exit 3: the cron still finds it), credentials missing is bad input (exit 2)."""
+    src, zone = _source(tmp_path / "src"), tmp_path / "landing"
+    no_creds = taxiway("land", str(src), "--landing", str(zone), "--batch-id", "b1",
+                       env={"TAXIWAY_AIRFLOW_URL": "http://127.0.0.1:1"})
+    assert no_creds.returncode == 2 and "set TAXIWAY_AIRFLOW_TOKEN, or TAXIWAY_AIRFLOW_USERNAME and" in no_creds.stderr
+    away = taxiway("land", str(src), "--landing", str(zone), "--batch-id", "b2",
+                   env={"TAXIWAY_AIRFLOW_URL": "http://127.0.0.1:1", "TAXIWAY_AIRFLOW_TOKEN": "t"})
+    assert away.returncode == 3 and "batch b2 landed, but could not reach Airflow at http://127.0.0.1:1" in away.stderr
+    assert "the refresh's cron will find it" in away.stderr and "Traceback" not in away.stderr
+    assert [b.id for b in landing.complete_batches(zone)] == ["b1", "b2"]
+
+
 def _batches(zone: Path, tmp_path: Path, *ids: str) -> list[landing.Batch]:
     return [landing.land(_source(tmp_path / f"src-{i}", docs=2 + n), zone, batch_id=i) for n, i in enumerate(ids)]
 
@@ -175,14 +189,16 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
     from pipelines import registry
     from pipelines.config import load_config
     from pipelines.refresh import ledger as ledgers
-    from pipelines.refresh.plan import new_since_champion
+    from pipelines.refresh.plan import decide
 
     zone = tmp_path / "landing"
     b1, b2 = _batches(zone, tmp_path, "b1", "b2")
     landing.land(tmp_path / "src-b1", zone, batch_id="b1-again")
     cfg = load_config(TINY, [f"refresh.landing={zone}"])
-    plan, champion = new_since_champion(cfg, tmp_path / "run0")
-    assert champion is None and [b.id for b in plan.new] == ["b1", "b2"]  # nothing registered: all new
+    decision = decide(cfg, tmp_path / "run0", "run0")
+    assert decision.config is None and "no version of taxiway-tiny-gpt holds 'champion'" in decision.reason
+    written = json.loads((tmp_path / "run0" / "refresh" / "plan.json").read_text())
+    assert written["champion"] is None and [b["id"] for b in written["new"]] == ["b1", "b2"]
 
     c, name = registry.client(), cfg.registry.model_name
     run = c.create_run(c.create_experiment("refresh")).info.run_id
@@ -192,11 +208,26 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
     mv = c.create_model_version(name, f"runs:/{run}/model", run_id=run)
     c.set_registered_model_alias(name, cfg.registry.champion_alias, mv.version)
 
-    plan, champion = new_since_champion(cfg, tmp_path / "run1")
-    assert champion == f"models:/{name}/{mv.version}" and [b.id for b in plan.new] == ["b2"]
+    decision = decide(cfg, tmp_path / "run1", "run1")
+    champion = f"models:/{name}/{mv.version}"
+    assert decision.config.parent == champion and decision.reason.startswith(f"refreshing {champion} on b2: ")
     written = json.loads((tmp_path / "run1" / "refresh" / "plan.json").read_text())
     assert [b["id"] for b in written["new"]] == ["b2"] and written["resent"][0]["repeats"] == "b1"
-    assert written["summary"].startswith("1 new batch(es): b2")
+    assert "b1-again dropped: same manifest as already trained batch b1" in written["reason"]
+    assert decision.config.data.manifest == str(tmp_path / "run1" / "refresh" / "data" / "manifest.jsonl")
+    assert decision.config.train.steps == cfg.refresh.steps and decision.config.train.rewarmup_steps == cfg.refresh.warmup_steps
 
     with pytest.raises(BadInput, match="refresh.landing: not set"):
-        new_since_champion(load_config(TINY, ["refresh.landing=null"]), tmp_path / "run2")
+        decide(load_config(TINY, ["refresh.landing=null"]), tmp_path / "run2", "run2")
+
+
+def test_a_batch_is_quarantined_after_max_attempts_failed_refreshes(home: Path, tmp_path: Path):
+    from pipelines.refresh import attempts
+
+    zone = tmp_path / "landing"
+    b1, b2 = _batches(zone, tmp_path, "b1", "b2")
+    assert attempts.take([b1, b2], "run-1", 2) == ([b1, b2], [])
+    assert attempts.take([b1, b2], "run-1", 2) == ([b1, b2], [])  # a retry of the same run counts once
+    assert attempts.take([b1], "run-2", 2) == ([b1], [])
+    assert attempts.take([b1, b2], "run-3", 2) == ([b2], [(b1, ["run-1", "run-2"])])
+    assert json.loads(attempts.path().read_text())[f"b2 {b2.manifest_sha256}"] == ["run-1", "run-3"]

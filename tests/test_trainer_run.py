@@ -45,6 +45,10 @@ def test_schedules_warm_up_decay_and_continue_without_a_jump():
     # a parent that ended below the child's min_lr is not pushed back up
     low = Schedule.from_config(_t(steps=50), origin_step=110, start_lr=0.01)
     assert {low.lr(s) for s in range(110, 161)} == {0.01}
+    # a refresh re-warms: from the parent's final LR up to the peak in 5 steps, then decays to min_lr
+    rewarm = Schedule.from_config(_t(steps=50, rewarmup_steps=5), origin_step=110, start_lr=0.3)
+    assert rewarm.lr(110) == pytest.approx(0.44) and rewarm.lr(114) == pytest.approx(1.0)
+    assert rewarm.lr(160) == pytest.approx(0.1) and all(rewarm.lr(s) >= rewarm.lr(s + 1) for s in range(114, 160))
 
 
 def test_parent_continues_global_step_tokens_and_lr(corpus, tmp_path: Path):
@@ -81,6 +85,30 @@ def test_parent_continues_global_step_tokens_and_lr(corpus, tmp_path: Path):
     assert [e["global_step"] for e in events(child_run, "resumed")] == [20]
     again = torch.load(child_run / "checkpoints" / "step-00000022" / "model.pt", weights_only=True)
     assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+def test_a_parent_kept_as_a_full_checkpoint_hands_on_its_optimizer_state(corpus, tmp_path: Path):
+    """Same weights, same data, same seed: the first step's loss is the same with or without the
+    parent's optimizer state; the step after differs, because Adam's moments came from the parent."""
+    cfg, packed = corpus
+    parent_run = tmp_path / "parent"
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 8}), packed, parent_run)) == 0
+    child_cfg = with_overrides(cfg, train={"steps": 4, "rewarmup_steps": 2}).model_copy(update={"parent": "models:/x/1"})
+    curves = {}
+    for kind, full in (("weights", None), ("full", parent_run / "checkpoints" / "step-00000008")):
+        run = tmp_path / kind
+        spec = TrainSpec.load(write_trainer_spec(child_cfg, run, packed, parent_weights=parent_run / "model",
+                                                 parent_checkpoint=full))
+        assert train(dataclasses.replace(spec, world_size=1)) == 0
+        (loaded,) = events(run, "parent_loaded")
+        assert loaded["optimizer_state"] == (str(full) if full else None)
+        curves[kind] = read_jsonl(run / "metrics.jsonl")
+    assert curves["weights"][0]["loss"] == curves["full"][0]["loss"]
+    assert curves["weights"][1]["loss"] != curves["full"][1]["loss"]
+    # the re-warmup: from the parent's final LR up to the peak over 2 steps, then down
+    parent_lr = json.loads((parent_run / "model" / "model.json").read_text())["final_lr"]
+    lrs = [r["lr"] for r in curves["full"]]
+    assert parent_lr < lrs[0] < lrs[1] == pytest.approx(cfg.train.lr) and lrs[3] < lrs[1]
 
 
 def test_parent_that_does_not_fit_the_model_is_refused(corpus, tmp_path: Path):

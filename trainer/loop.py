@@ -153,7 +153,7 @@ class _Run:
         self.model = GPT(spec.model)
         self.data = PackedSplit(spec.data, "train")
         self.sampler = ShardedSampler(len(self.data), t.batch_size, ctx.rank, ctx.world, t.seed)
-        origin, start_lr, state = 0, None, None
+        origin, start_lr, state, parent_optim = 0, None, None, None
         self.skipped_before = 0
         resume = self._resume_point()
         if resume is not None:
@@ -172,25 +172,35 @@ class _Run:
                                  config_sha256=spec.config_sha256)
             self.status.update(last_checkpoint=resume)
         elif spec.parent:
-            origin, start_lr = self._load_parent()
+            origin, start_lr, parent_optim = self._load_parent()
         self.model.to(ctx.device)
         precision = t.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda")
         self.wrapped = parallel.wrap(self.model, self.kind, ctx, self.bf16)
         self.optim = _optimizer(self.model, t)
+        if parent_optim is not None:
+            parallel.load_optimizer(self.model, self.optim, parent_optim, self.kind)
         if state is not None:
             parallel.load_optimizer(self.model, self.optim, state["optim"], self.kind)
             if state["rng"] is not None:
                 checkpoint.set_rng_state(state["rng"])
         self.schedule = Schedule.from_config(t, origin, start_lr)
 
-    def _load_parent(self) -> tuple[int, float | None]:
-        """Weights from the parent; global step, tokens seen and the LR continue from its metadata."""
+    def _load_parent(self) -> tuple[int, float | None, dict | None]:
+        """Weights from the parent (and its optimizer state when its full checkpoint was kept);
+        global step, tokens seen and the LR continue from its metadata."""
         parent, info = weights.load(self.spec.parent.weights)
+        full = self.spec.parent.checkpoint
+        optim = None
         try:
-            self.model.load_state_dict(parent.state_dict())
+            if full is not None:
+                state = checkpoint.load(full, self.ctx.rank)
+                self.model.load_state_dict(state["model"])
+                optim = state["optim"]
+            else:
+                self.model.load_state_dict(parent.state_dict())
         except RuntimeError as exc:
-            raise TrainerError(f"parent {self.parent_uri} ({self.spec.parent.weights}) does not fit the "
+            raise TrainerError(f"parent {self.parent_uri} ({full or self.spec.parent.weights}) does not fit the "
                                f"configured model: {exc}") from None
         self.step = self.tokens_seen = 0
         if "global_step" in info:
@@ -199,8 +209,8 @@ class _Run:
             self.events.emit("parent_without_training_metadata", logging.WARNING, uri=self.parent_uri)
         start_lr = info.get("final_lr")
         self.events.emit("parent_loaded", uri=self.parent_uri, global_step=self.step, tokens_seen=self.tokens_seen,
-                         start_lr=start_lr)
-        return self.step, start_lr
+                         start_lr=start_lr, optimizer_state=str(full) if full else None)
+        return self.step, start_lr, optim
 
     # --- the loop ---------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ Because the LR depends on nothing but the step, resuming needs only ``global_ste
 schedule's anchor (``origin_step``, ``start_lr``) from the checkpoint. A run that starts fresh
 warms up linearly to ``lr`` and decays (cosine or linear) to ``min_lr`` at its last step. A run
 that continues a parent model starts at the parent's global step and at the LR the parent ended
-with, and decays from there: no second warmup and no jump (the parent's optimizer moments are
-not exported, so a restart at peak LR would hit fresh Adam moments hardest).
+with, and decays from there: no jump (the parent's optimizer moments are not exported, so a
+restart at peak LR would hit fresh Adam moments hardest). With ``rewarmup_steps`` (a refresh sets
+it) the LR climbs from the parent's final LR back to ``lr`` over those steps, then decays to
+``min_lr``: the short re-warmup continual pre-training uses to learn from new data.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ class Schedule:
     origin_step: int           # global step this run (or its first attempt) started from
     end_step: int              # global step at which training stops
     start_lr: float | None     # None: fresh run (warmup to peak); else the parent's final LR
+    rewarmup_steps: int = 0    # with a parent: steps from start_lr back up to peak_lr
 
     @classmethod
     def from_config(cls, t: TrainSettings, origin_step: int = 0, start_lr: float | None = None) -> Schedule:
         return cls(peak_lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, decay=t.decay,
-                   origin_step=origin_step, end_step=origin_step + t.steps, start_lr=start_lr)
+                   origin_step=origin_step, end_step=origin_step + t.steps, start_lr=start_lr,
+                   rewarmup_steps=t.rewarmup_steps)
 
     def lr(self, step: int) -> float:
         """LR for the update that takes the model from ``step`` to ``step + 1``."""
@@ -40,6 +44,10 @@ class Schedule:
             if i < self.warmup_steps:
                 return self.peak_lr * (i + 1) / self.warmup_steps
             top, bottom, first = self.peak_lr, self.min_lr, self.warmup_steps
+        elif self.rewarmup_steps:
+            if i < self.rewarmup_steps:
+                return self.start_lr + (self.peak_lr - self.start_lr) * (i + 1) / self.rewarmup_steps
+            top, bottom, first = self.peak_lr, self.min_lr, self.rewarmup_steps
         else:
             top, bottom, first = self.start_lr, min(self.min_lr, self.start_lr), 0
         span = max(1, self.end_step - self.origin_step - first)

@@ -35,6 +35,7 @@ class TrainSettings:
     lr: float
     min_lr: float
     warmup_steps: int
+    rewarmup_steps: int
     weight_decay: float
     grad_clip: float
     decay: Literal["cosine", "linear"]
@@ -61,6 +62,7 @@ class CheckpointSettings:
 class Parent:
     uri: str
     weights: Path  # folder with model.safetensors + model.json
+    checkpoint: Path | None = None  # its full checkpoint (optimizer state too) at the exported step, if kept
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class TrainSpec:
                    checkpoint=_typed(CheckpointSettings, raw["checkpoint"], "checkpoint"),
                    config_sha256=raw["config_sha256"], backend=raw.get("backend", "auto"),
                    threads=raw.get("threads", 1),
-                   parent=Parent(parent["uri"], Path(parent["weights"])) if parent else None,
+                   parent=_parent(parent) if parent else None,
                    world_size=raw.get("world_size"), cancel_grace_s=raw.get("cancel_grace_s", 25.0))
 
     @property
@@ -96,3 +98,7 @@ class TrainSpec:
     @property
     def export_dir(self) -> Path:
         return self.paths.export
+
+
+def _parent(raw: dict[str, Any]) -> Parent:
+    return Parent(raw["uri"], Path(raw["weights"]), Path(raw["checkpoint"]) if raw.get("checkpoint") else None)

@@ -89,6 +89,8 @@ class TrainConfig(Section):
     lr: float = Field(3e-4, gt=0.0, description="Peak learning rate")
     min_lr: float = Field(3e-5, ge=0.0)
     warmup_steps: Annotated[int, Field(ge=0)] = 100
+    rewarmup_steps: Annotated[int, Field(ge=0)] = Field(
+        0, description="With a parent: steps from its final LR back up to lr before decaying; 0 = decay on from it")
     weight_decay: float = Field(0.1, ge=0.0)
     grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
     decay: Literal["cosine", "linear"] = Field("cosine", description="LR decay after warmup, down to min_lr")
@@ -194,10 +196,21 @@ class RegistryConfig(Section):
 
 
 class RefreshConfig(Section):
-    """Incremental refresh (``taxiway_refresh``): where new data batches land (docs/refresh.md)."""
+    """Incremental refresh (``taxiway_refresh``): the champion trained further on new batches (docs/refresh.md)."""
 
     landing: str | None = Field(
         None, description="Landing zone of new data batches (local path or fsspec URI); unset = no refresh")
+    cron: str = Field("0 3 * * *", min_length=1, description="When the refresh looks for new batches (UTC cron)")
+    steps: PositiveInt = Field(200, description="Optimizer steps a refresh trains past the champion's global step")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(
+        20, description="Re-warmup from the champion's final LR up to train.lr, then decay to train.min_lr")
+    replay_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.25, description="Share of the refresh's train tokens that are replayed old documents (chosen by train.seed)")
+    fresh_eval_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.1, description="Share of a new batch's train files held out for the new-data gate when it brings no val/")
+    max_regression_bpb: float = Field(
+        0.02, ge=0.0, description="Largest loss of bits/byte on the fixed validation set a passing refresh may show")
+    max_attempts: PositiveInt = Field(3, description="Failed refreshes a batch may take part in before it is quarantined")
 
 
 class RunConfig(Section):

@@ -28,7 +28,7 @@ class LaunchSpec:
 
 
 def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weights: Path | None = None,
-                       smoke: bool = False) -> Path:
+                       smoke: bool = False, parent_checkpoint: Path | None = None) -> Path:
     """Translate the RunConfig into the trainer's own contract (``trainer.spec.TrainSpec``); the
     smoke test's spec names its own output folder."""
     folder = RunFolder(run_dir)
@@ -42,7 +42,8 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         "config_sha256": cfg.sha256(),
         "backend": cfg.compute.backend,
         "threads": cfg.compute.threads_per_proc,
-        "parent": {"uri": cfg.parent, "weights": str(parent_weights)} if parent_weights else None,
+        "parent": {"uri": cfg.parent, "weights": str(parent_weights),
+                   "checkpoint": str(parent_checkpoint) if parent_checkpoint else None} if parent_weights else None,
         "world_size": cfg.compute.nodes * cfg.compute.procs_per_node,
         # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
         "cancel_grace_s": max(1.0, cfg.compute.cancel_grace_s - 5.0),

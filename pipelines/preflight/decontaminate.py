@@ -23,7 +23,7 @@ from pipelines.run_folder import RunFolder
 from trainer import fsio
 
 
-def _filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
+def filtered(loc: storage.Location, fmt: str, drop: set[str], root: storage.Location) -> tuple[bytes | None, int]:
     """The file's bytes without the dropped documents (None: nothing left), and how many dropped."""
     recs = list(records(loc, fmt))
     fkey = file_key(loc, root)
@@ -71,7 +71,7 @@ def decontaminate(cfg: RunConfig, run_dir: Path, drop: set[str]) -> dict:
                 entries.append(e)
         for loc in split_files(cfg.data.val):
             rel = storage.relative(loc, root)
-            data, n = _filtered(loc, file_format(loc, cfg.data.format), drop, root)
+            data, n = filtered(loc, file_format(loc, cfg.data.format), drop, root)
             if n:
                 dropped.append({"file": rel, "documents": n})
             if data is None:

@@ -27,6 +27,7 @@ from trainer import fsio
 MARKER = "_COMPLETE"
 MANIFEST = "manifest.jsonl"
 BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ASSET_NAME = "taxiway_landing"  # the landing zone as an Airflow asset (taxiway_refresh is scheduled on it)
 _MARKER_FIELDS = {"batch_id": str, "manifest_sha256": str, "files": int, "bytes": int, "landed_at": str}
 
 
@@ -52,6 +53,11 @@ class Batch:
     def ref(self) -> dict[str, str]:
         """What the ledger records: id and manifest sha256."""
         return {"id": self.id, "manifest_sha256": self.manifest_sha256}
+
+
+def asset_uri(landing: str | Path) -> str:
+    """The landing zone's asset URI: a local path as ``file://``, an fsspec URI as it is."""
+    return str(landing) if "://" in str(landing) else Path(landing).resolve().as_uri()
 
 
 def check_batch_id(batch_id: str) -> str:

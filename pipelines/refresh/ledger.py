@@ -103,3 +103,26 @@ def of_version(c: Any, mv: Any, dest: Path) -> Ledger:
     except MlflowException as exc:
         raise LedgerError(f"models:/{mv.name}/{mv.version}: cannot read {ARTIFACT} ({exc})") from None
     return Ledger.from_json(Path(local).read_bytes(), f"models:/{mv.name}/{mv.version} {ARTIFACT}")
+
+
+def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
+    """Put the refresh's ledger (the champion's, extended by this run's new batches) on the version it
+    registered: ``refresh/ledger.json`` on its run, the batches tag on version and run. Done before any
+    alias moves, so a champion always carries its ledger; repeating it is harmless."""
+    from pipelines.registry import client, with_retries
+    from pipelines.run_folder import RunFolder
+    from trainer import fsio
+
+    new = [Batch(**b) for b in plan["new"]]
+    ledger = Ledger(tuple(plan["ledger"])).extended(new, registered.version)
+    path = fsio.write_text(RunFolder(run_dir).refresh_ledger, ledger.to_json())
+
+    def write() -> None:
+        c = client()
+        c.log_artifact(registered.run_id, str(path), artifact_path=str(Path(ARTIFACT).parent))
+        for key, value in tags(new).items():
+            c.set_model_version_tag(registered.model_name, registered.version, key, value)
+            c.set_tag(registered.run_id, key, value)
+
+    with_retries(reg, "record the refresh ledger", write)
+    return ledger

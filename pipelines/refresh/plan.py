@@ -1,22 +1,33 @@
-"""What is new since the champion: the landed batches its ledger does not hold, decided once per
-refresh run and written to the run folder so every later task reads the same answer."""
+"""What a refresh run does, decided once and written to its run folder so every later task reads the
+same answer: the champion it continues, the landed batches its ledger does not hold, and the run's
+config (the deployment's config continued from the champion on the refresh's own dataset)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipelines.config import RunConfig
 from pipelines.errors import BadInput
-from pipelines.refresh import landing
+from pipelines.refresh import attempts, landing
+from pipelines.refresh.layout import layout
 from pipelines.refresh.ledger import Ledger, Plan, of_version
 from pipelines.run_folder import RunFolder
 from trainer import fsio
 
 
-def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None]:
+@dataclass(frozen=True)
+class Decision:
+    """``config`` is the refresh run's config, or None when there is nothing to do (``reason`` says why)."""
+
+    reason: str
+    config: RunConfig | None
+
+
+def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None, Ledger]:
     """The plan against the current champion's ledger (an empty one while there is no champion),
-    and the champion as ``models:/NAME/VERSION``; written to ``refresh/plan.json``."""
+    the champion as ``models:/NAME/VERSION``, and its ledger."""
     from pipelines.registry import client, current_champion, with_retries
 
     if not cfg.refresh.landing:
@@ -29,10 +40,62 @@ def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None]
     if champion is not None:
         dest = RunFolder(run_dir).refresh_plan.parent / "champion-ledger"
         ledger = with_retries(reg, "read the champion's ledger", lambda: of_version(c, champion, dest))
-    plan = ledger.plan(batches)
     uri = f"models:/{champion.name}/{champion.version}" if champion is not None else None
+    return ledger.plan(batches), uri, ledger
+
+
+def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
+    """The deployment's config, continued from ``champion`` for ``refresh.steps`` with a short
+    re-warmup, on the dataset ``assemble`` builds in the run folder."""
+    data, r = layout(cfg, run_dir), cfg.refresh
+    return cfg.model_copy(update={
+        "parent": champion,
+        "data": cfg.data.model_copy(update={"train": str(data.train), "val": str(data.val),
+                                            "manifest": str(data.manifest)}),
+        "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps}),
+        "eval": cfg.eval.model_copy(update={"baseline": "champion"}),
+    })
+
+
+def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
+    """Plan this refresh and write ``refresh/plan.json``; batches past ``refresh.max_attempts``
+    failed refreshes are quarantined (left out, named in the plan)."""
+    plan, champion, ledger = new_since_champion(cfg, run_dir)
+    new, quarantined = attempts.take(plan.new, run_key, cfg.refresh.max_attempts) if champion else (plan.new, [])
+    notes = [plan.summary()] + [
+        f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "
+        f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id"
+        for b, runs in quarantined]
+    if champion is None:
+        reason = (f"nothing to refresh: no version of {cfg.registry.model_name} holds "
+                  f"'{cfg.registry.champion_alias}'; train one with taxiway_train first")
+    elif not new:
+        reason = f"nothing new since the champion {champion}: " + "; ".join(notes)
+    else:
+        reason = f"refreshing {champion} on {', '.join(b.id for b in new)}: " + "; ".join(notes)
+    run_cfg = refresh_config(cfg, run_dir, champion) if champion and new else None
     fsio.write_json(RunFolder(run_dir).refresh_plan, {
-        "landing": cfg.refresh.landing, "champion": uri, "ledger": list(ledger.batches),
-        "new": [asdict(b) for b in plan.new], "resent": [{**asdict(b), "repeats": twin} for b, twin in plan.resent],
-        "changed": [asdict(b) for b in plan.changed], "summary": plan.summary()})
-    return plan, uri
+        "landing": cfg.refresh.landing, "champion": champion, "ledger": list(ledger.batches),
+        "new": [asdict(b) for b in new], "resent": [{**asdict(b), "repeats": twin} for b, twin in plan.resent],
+        "changed": [asdict(b) for b in plan.changed],
+        "quarantined": [{**asdict(b), "attempts": runs} for b, runs in quarantined],
+        "base_data": cfg.data.model_dump(mode="json"), "reason": reason})
+    return Decision(reason, run_cfg)
+
+
+def read(run_dir: Path) -> dict:
+    """``refresh/plan.json`` as ``decide`` wrote it."""
+    return json.loads(RunFolder(run_dir).refresh_plan.read_text())
+
+
+def of_run(run_dir: Path) -> dict | None:
+    """The plan of a refresh run that trains (None for any other run)."""
+    path = RunFolder(run_dir).refresh_plan
+    if not path.exists():
+        return None
+    plan = json.loads(path.read_text())
+    return plan if plan["new"] else None
+
+
+def batches(plan: dict) -> list[landing.Batch]:
+    return [landing.Batch(**b) for b in plan["new"]]

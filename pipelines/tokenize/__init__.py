@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from pipelines.tokenize import allocator, bpe, engine
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 from trainer import fsio
+
+if TYPE_CHECKING:
+    from pipelines.refresh.replay import Replay
 
 log = logging.getLogger("taxiway.tokenize")
 
@@ -72,8 +76,11 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     return folder / "tokenizer.json"
 
 
-def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS) -> Packed:
-    """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val)."""
+def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS,
+        replay: Replay | None = None, link: Path | None = None) -> Packed:
+    """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val);
+    a refresh adds ``replay`` documents of older data to the train split. The run folder's link to
+    the result is ``link`` (default ``tokenize/packed.json``)."""
     started = time.perf_counter()
     allocator.bound()
     entries = manifest.read(cfg.data.manifest)
@@ -86,27 +93,28 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
     groups = {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits}
     key = hashlib.sha256(json.dumps([
         FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
-        {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()}]).encode()).hexdigest()[:32]
+        {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()},
+        *([replay.material()] if replay else [])]).encode()).hexdigest()[:32]
     final = Cache(cache_dir()).packed(key)
     hit = (final / "manifest.json").is_file()
     if not hit:
         with fsio.staged_dir(final) as stage:
-            _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started)
+            _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started, replay)
     packed = Packed(final, key, hit)
     if run_dir is not None:
-        fsio.write_json(RunFolder(run_dir).packed_link,
+        fsio.write_json(link or RunFolder(run_dir).packed_link,
                           {"path": str(final), "key": key, "cache_hit": hit,
                            "seconds": round(time.perf_counter() - started, 3)})
     return packed
 
 
 def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: str, dtype: np.dtype,
-           groups: dict[str, list[list[FileRef]]], started: float) -> None:
+           groups: dict[str, list[list[FileRef]]], started: float, replay: Replay | None) -> None:
     eos = tok.token_to_id(cfg.tokenizer.eos_token)
     encode = engine.batch_encoder(tok, tok_path)
     (out / "tokenizer.json").write_bytes(Path(tok_path).read_bytes())
     np.save(out / "token_bytes.npy", bpe.token_bytes(tok))
-    splits, chars, reused, doc_tokens = {}, 0, 0, {}
+    splits, chars, reused, doc_tokens, replayed = {}, 0, 0, {}, None
     for split, split_groups_ in groups.items():
         writer = SplitWriter(out / split, cfg.pack.seq_len, dtype, cfg.pack.shard_tokens)
         lengths = []
@@ -117,6 +125,8 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
             chars += stream.chars
             reused += stream.cache_hit
+        if split == "train" and replay is not None:
+            replayed = _add_replay(replay, writer, encode, tok_sha, eos, dtype, cfg.data.format, lengths)
         splits[split] = writer.close()
         doc_tokens[split] = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
     if splits["val"]["windows"] == 0:
@@ -132,6 +142,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         "stats": {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9)),
                   "chars_per_token": round(chars / max(1, tokens), 3),
                   "groups": sum(len(g) for g in groups.values()), "groups_reused": reused,
+                  **({"replay": replayed} if replay is not None else {}),
                   "encoder": encode.__name__,
                   "tokens_per_document": {s: {"mean": float(d.mean()) if len(d) else 0.0,
                                               "histogram": {"edges": edges.tolist(),
@@ -140,3 +151,20 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
     })
     log.info("packed %s: %d tokens in %.2f s (%d of %d token groups reused)", key, tokens, seconds, reused,
              sum(len(g) for g in groups.values()))
+
+
+def _add_replay(replay: Replay, writer: SplitWriter, encode, tok_sha: str, eos: int, dtype: np.dtype,
+                data_format: str | None, lengths: list[np.ndarray]) -> dict:
+    """Append the replayed documents to the train split; what was replayed, and from how many groups
+    the cache answered (a group it lost is encoded again)."""
+    docs = tokens = reused = 0
+    new_tokens = int(sum(d.sum() for d in lengths))
+    for whole, kept in replay.streams(new_tokens, encode, tok_sha, eos, dtype, data_format, Cache(cache_dir())):
+        writer.add_stream(kept.tokens, kept.starts)
+        allocator.trim()
+        lengths.append(np.diff(np.append(kept.starts, len(kept.tokens))))
+        docs, tokens, reused = docs + len(kept.starts), tokens + len(kept.tokens), reused + whole.cache_hit
+    log.info("replayed %d old documents (%d tokens) from %d token groups, %d of them from the cache",
+             docs, tokens, len(replay.groups), reused)
+    return {"documents": docs, "tokens": tokens, "groups": len(replay.groups), "groups_reused": reused,
+            "fraction": replay.fraction, "seed": replay.seed}

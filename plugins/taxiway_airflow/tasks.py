@@ -28,6 +28,30 @@ def _field(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
+def _conf_config(ctx: Any):
+    """The run's config: the config file the conf names (or the deployment's), the conf's sections
+    and ``set`` overlaid; every data path checked against the data roots."""
+    from pipelines.config import load_config
+    from pipelines.roots import DATA_FIELDS, Roots
+    from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
+
+    conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
+    roots = Roots.from_env()
+    check_conf(conf)
+    path = roots.config_file(conf.get("config") or default_config_path())
+    cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
+    roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    return cfg
+
+
+def _prepared(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    from pipelines import stages
+
+    stages.prepare(cfg, run_dir)
+    log.info("run folder %s, config sha256 %s", run_dir, cfg.sha256())
+    return {"run_dir": str(run_dir), "config_sha256": cfg.sha256(), "name": cfg.name}
+
+
 @task(retries=2, **RETRY)
 @translated
 def resolve_config() -> dict[str, Any]:
@@ -35,22 +59,46 @@ def resolve_config() -> dict[str, Any]:
 
     A bad config fails here, naming each bad field, before any stage runs (bad input: never retried).
     """
-    from pipelines import run_folder, stages
-    from pipelines.config import load_config
-    from pipelines.roots import DATA_FIELDS, Roots
-    from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
+    from pipelines import run_folder
 
     ctx = get_current_context()
-    conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
-    roots = Roots.from_env()
-    check_conf(conf)
-    path = roots.config_file(conf.get("config") or default_config_path())
-    cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
-    roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    return _prepared(_conf_config(ctx), run_folder.run_dir(ctx["run_id"]))
+
+
+@task.short_circuit(retries=2, **RETRY)
+@translated
+def refresh_plan() -> dict[str, Any] | None:
+    """Decide what this refresh does (docs/refresh.md): the champion to continue and the landed
+    batches new to it. Nothing new (or no champion) → one log line saying why and every later task
+    skipped; else the refresh's config in ``<run>/config.yaml``."""
+    from pipelines import run_folder
+    from pipelines.refresh import plan
+
+    ctx = get_current_context()
     run_dir = run_folder.run_dir(ctx["run_id"])
-    stages.prepare(cfg, run_dir)
-    log.info("run folder %s, config sha256 %s", run_dir, cfg.sha256())
-    return {"run_dir": str(run_dir), "config_sha256": cfg.sha256(), "name": cfg.name}
+    decision = plan.decide(_conf_config(ctx), run_dir, ctx["run_id"])
+    log.info("%s", decision.reason)
+    return None if decision.config is None else _prepared(decision.config, run_dir)
+
+
+@task(retries=2, **RETRY)
+@translated
+def assemble(run: dict[str, Any]) -> dict[str, Any]:
+    """The refresh's dataset: new train files without repeats of trained data, the fixed val set,
+    the held-out new files."""
+    from pipelines import stages
+    from pipelines.refresh.assemble import assemble as build
+
+    run_dir = _run_dir(run)
+    summary = build(stages.load_run_config(run_dir), run_dir)
+    for batch in summary["batches"]:
+        log.info("batch %s: %d train file(s), %d held out (from %s), %d document(s) dropped as repeats of trained "
+                 "data%s", batch["batch"], batch["train_files"], batch["held_out_files"], batch["held_out_from"],
+                 len(batch["dropped_documents"]),
+                 "".join(f"\n  {d['document']} repeats {d['repeats']} (Jaccard ~{d['jaccard']})"
+                         for d in batch["dropped_documents"]))
+    return {"train_files": summary["train_files"], "fresh_files": summary["fresh_files"],
+            "dropped_documents": summary["dropped_documents"]}
 
 
 @task(retries=2, **RETRY)

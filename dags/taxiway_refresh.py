@@ -1,0 +1,37 @@
+"""taxiway_refresh: the champion trained further on new data, on a cron or when a batch lands.
+
+Ways in: the cron (``refresh.cron``), an asset event on the landing zone (``taxiway land`` sends
+one; any system can ``POST /api/v2/assets/events``; another DAG can name it as an outlet), or the
+trigger form. Each run plans against the champion's ledger: nothing new → every task after
+``plan`` is skipped within seconds. Else: new batches → assemble (drop repeats of trained data,
+hold out new data) → preflight → tokenize (new files only, plus replay) → train from the
+champion → evaluate on the fixed and the new data → register (ledger on the version). See
+docs/refresh.md.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
+
+from taxiway_airflow import pipeline, tasks
+from taxiway_airflow.params import build_params, default_config_path, form_defaults
+from taxiway_airflow.refresh import landing_asset
+
+refresh = form_defaults(default_config_path())["refresh"]
+
+with DAG(
+    dag_id="taxiway_refresh",
+    description="Continue the champion on newly landed data; register it, champion only on a pass",
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(refresh["cron"], timezone="UTC"),
+                                 assets=[landing_asset(refresh["landing"])]),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params=build_params(),
+    tags=["taxiway", "training", "refresh"],
+    doc_md=__doc__,
+) as dag:
+    run = tasks.refresh_plan.override(task_id="plan")()
+    first, _ = pipeline.stages(run)
+    tasks.assemble(run) >> first

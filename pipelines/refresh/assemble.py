@@ -1,0 +1,140 @@
+"""The refresh run's dataset, assembled in its run folder from the plan's new batches.
+
+``<run>/refresh/data/`` (written staged, renamed into place; ``assembled.json`` says what was done)::
+
+    batches/<batch id>/train/...   new train documents: files linked, or copied without the
+                                   documents that repeat trained data
+    <val as in the base manifest>  the fixed validation set, linked under its own manifest paths,
+                                   so its token groups are cache hits and both models read the
+                                   same windows
+    fresh/<batch id>/...           held-out new documents: the batch's val/, else a seeded share
+                                   (``refresh.fresh_eval_fraction``) of its train files
+    manifest.jsonl                 train + val, for the standard preflight checks
+    fresh.jsonl                    the held-out files (as split "val"), for the refresh gate
+
+A new document that is a near-duplicate (MinHash estimate at or above
+``preflight.overlap_jaccard``, exact copies included) of anything the champion was trained on is
+dropped and reported, never trained twice. The index of trained documents is filled from stored
+signatures (``signatures.py``): no old document is read, only new batches are signed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+from pipelines import manifest, storage
+from pipelines.config import DataConfig, RunConfig
+from pipelines.documents import file_format
+from pipelines.errors import BadInput, CheckFailed
+from pipelines.preflight.decontaminate import filtered
+from pipelines.refresh import plan as refresh_plan
+from pipelines.refresh import signatures
+from pipelines.refresh.landing import MANIFEST, Batch
+from pipelines.refresh.layout import FRESH, NEW, layout
+from pipelines.run_folder import RunFolder
+from trainer import fsio
+
+
+def _place(dest: Path, src: storage.Location) -> None:
+    """A local file is linked (nothing is copied); a remote one is copied."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.local:
+        os.symlink(src.path, dest)
+    else:
+        dest.write_bytes(storage.read_bytes(src))
+
+
+def _held_out(batch: Batch, train: list[manifest.Entry], fraction: float, seed: int) -> set[str]:
+    """A seeded share of a batch's train files, for a batch that brings no val/ of its own."""
+    if len(train) < 2:
+        raise BadInput(f"batch {batch.id}: one train file and no val/: nothing can be held out to judge the "
+                       "refresh on new data; land a val/ folder or more files")
+    rank = sorted(train, key=lambda e: hashlib.sha256(f"{seed} {batch.id} {e.path}".encode()).hexdigest())
+    return {e.path for e in rank[:min(len(train) - 1, math.ceil(fraction * len(train)))]}
+
+
+def _trained_sources(plan: dict, base: DataConfig) -> list[tuple[str, str]]:
+    """(label, manifest) of everything the champion was trained on: the base corpus and its ledger."""
+    zone = storage.locate(plan["landing"])
+    return [("base", base.manifest)] + [(b["id"], zone.join(f"{b['id']}/{MANIFEST}").uri()) for b in plan["ledger"]]
+
+
+def _repeats(cfg: RunConfig, index, batch: Batch) -> dict[str, tuple[str, float]]:
+    """New train documents of ``batch`` that repeat trained ones (in ``index``): doc id → (trained
+    doc, estimate). The batch's signatures are stored for the refreshes after this one."""
+    new, _ = signatures.train_signatures(cfg, batch.manifest)
+    found: dict[str, tuple[str, float]] = {}
+    for trained, doc, est in index.candidates(new, cfg.preflight.overlap_jaccard)[0]:
+        if est > found.get(doc, ("", -1.0))[1]:
+            found[doc] = (trained, est)
+    return found
+
+
+def assemble(cfg: RunConfig, run_dir: Path) -> dict:
+    """Build ``refresh/data/`` for the plan's new batches; returns (and writes) ``assembled.json``."""
+    plan = refresh_plan.read(run_dir)
+    base = DataConfig(**plan["base_data"])
+    out = layout(base, run_dir)
+    base_root = manifest.root_of(base.manifest)
+    index, signed = signatures.trained_index(cfg, _trained_sources(plan, base))
+    train_entries, fresh_entries, report = [], [], []
+    shutil.rmtree(out.root, ignore_errors=True)  # an earlier try's, whole or not
+    with fsio.staged_dir(out.root) as stage:
+        val = [e for e in manifest.read(base.manifest) if e.split == "val"]
+        for e in val:
+            _place(stage / e.path, base_root.join(e.path))
+        for batch in refresh_plan.batches(plan):
+            root = storage.locate(batch.uri)
+            entries = manifest.read(batch.manifest)
+            train = [e for e in entries if e.split == "train"]
+            own_val = [e for e in entries if e.split == "val"]
+            held = {e.path for e in own_val} or _held_out(batch, train, cfg.refresh.fresh_eval_fraction, cfg.train.seed)
+            repeats = _repeats(cfg, index, batch)
+            dropped, kept = [], 0
+            for e in entries:
+                rel = f"{batch.id}/{e.path}"
+                if e.path in held:
+                    _place(stage / FRESH / rel, root.join(e.path))
+                    fresh_entries.append(manifest.Entry(f"{FRESH}/{rel}", "val", e.bytes, e.sha256))
+                    continue
+                src, dest = root.join(e.path), stage / NEW / rel
+                drop = {d for d in repeats if d == e.path or d.startswith(e.path + "#")}
+                if not drop:
+                    _place(dest, src)
+                    train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", e.bytes, e.sha256))
+                    kept += 1
+                    continue
+                dropped += [{"document": f"{batch.id}/{d}", "repeats": repeats[d][0], "jaccard": round(repeats[d][1], 3)}
+                            for d in sorted(drop)]
+                data, _ = filtered(src, file_format(src, cfg.data.format), drop, root)
+                if data is not None:
+                    fsio.write_bytes(dest, data)
+                    train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", len(data), fsio.sha256_file(dest)))
+                    kept += 1
+            report.append({"batch": batch.id, "train_files": kept, "held_out_files": len(held),
+                           "held_out_from": "val/" if own_val else "train", "dropped_documents": dropped})
+        if not train_entries:
+            raise CheckFailed("every new train document repeats data the champion was trained on: nothing new to "
+                              "train on; see the plan and land new data")
+        manifest.write(stage / "manifest.jsonl", train_entries + [manifest.Entry(e.path, "val", e.bytes, e.sha256)
+                                                                  for e in val])
+        manifest.write(stage / "fresh.jsonl", fresh_entries)
+    summary = {"batches": report, "trained_sources_signed_now": signed, "train_files": len(train_entries), "fresh_files": len(fresh_entries),
+               "dropped_documents": sum(len(b["dropped_documents"]) for b in report)}
+    fsio.write_json(RunFolder(run_dir).refresh_assembled, summary)
+    return summary
+
+
+def fresh_config(cfg: RunConfig, run_dir: Path) -> RunConfig | None:
+    """The held-out new data as a config whose val split it is (None outside a refresh run)."""
+    assembled = RunFolder(run_dir).refresh_assembled
+    if not assembled.exists() or not json.loads(assembled.read_text())["fresh_files"]:
+        return None
+    out = layout(cfg, run_dir)
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={
+        "val": str(out.fresh), "manifest": str(out.fresh_manifest)})})

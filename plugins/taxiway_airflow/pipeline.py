@@ -1,0 +1,58 @@
+"""The stages both DAGs chain after their config task: preflight → tokenize → train → evaluate →
+register, as task groups. Wiring only: task bodies live in ``tasks``, operators in ``operators``."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import TaskGroup
+
+from pipelines.preflight.report import CHECK_NAMES
+from taxiway_airflow import tasks
+from taxiway_airflow.operators.gang import TrainGang
+from taxiway_airflow.sensors.checkpoint import CheckpointSensor
+
+
+def launcher() -> str:
+    """Where the training gang runs is the deployment's choice, fixed when a DAG file is parsed (a
+    DAG's shape cannot depend on a run's conf): TAXIWAY_LAUNCHER=local (default) or kubernetes."""
+    value = os.environ.get("TAXIWAY_LAUNCHER", "local")
+    if value not in ("local", "kubernetes"):
+        raise ValueError(f"TAXIWAY_LAUNCHER={value!r}: expected 'local' or 'kubernetes'")
+    return value
+
+
+def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
+    """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
+    with TaskGroup("preflight") as preflight:
+        checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in CHECK_NAMES]
+        checks >> tasks.preflight_gate.override(task_id="gate")(run)
+
+    with TaskGroup("tokenize") as tokenize:
+        tasks.tokenize.override(task_id="pack")(run)
+
+    with TaskGroup("train") as train:
+        if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
+            from taxiway_airflow.operators.kubernetes import training_gang
+
+            service, gang = training_gang(run, retry_delay=timedelta(seconds=10),
+                                          max_retry_delay=timedelta(minutes=10))
+            final = CheckpointSensor(task_id="final_checkpoint", run=run)
+            tasks.smoke.override(task_id="smoke")(run) >> service
+            gang >> final
+        else:
+            gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
+                             retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10))
+            final = CheckpointSensor(task_id="final_checkpoint", run=run)
+            tasks.smoke.override(task_id="smoke")(run) >> gang >> final
+
+    with TaskGroup("evaluate") as evaluate:
+        tasks.evaluate.override(task_id="score")(run)
+
+    with TaskGroup("register") as register:
+        tasks.register.override(task_id="model_version")(run)
+
+    preflight >> tokenize >> train >> evaluate >> register
+    return preflight, register

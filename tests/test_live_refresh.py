@@ -1,0 +1,64 @@
+"""``taxiway_refresh`` on a live Airflow: a batch landed with ``taxiway land`` is announced to the
+api-server as an asset event (the official ``apache-airflow-client``), the scheduler creates the
+refresh run from it, and the run continues the champion into a new champion. With nothing new, a
+refresh run skips everything after its plan."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from live_airflow import wait_for
+from refresh_batches import new_files, register_champion, source
+
+from conftest import TINY, taxiway
+
+DAG = "taxiway_refresh"
+
+
+def _seconds(run: dict) -> float:
+    return (datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])).total_seconds()
+
+
+@pytest.mark.live
+def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, monkeypatch, tmp_path: Path):
+    live = live_airflow
+    live.wait_dag(DAG)
+    live.unpause(DAG)
+    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry and runs
+    champion = register_champion(live.taxiway_home)
+
+    resp = live.trigger(DAG, {})  # nothing landed yet
+    assert resp.status_code == 200, resp.text
+    idle = live.wait_run(DAG, resp.json()["dag_run_id"], timeout_s=300)
+    states = {k: ti["state"] for k, ti in live.task_instances(DAG, idle["dag_run_id"]).items()}
+    assert idle["state"] == "success" and states.pop("plan") == "success" and set(states.values()) == {"skipped"}
+    print(f"nothing new: refresh run {idle['dag_run_id']} took {_seconds(idle):.1f}s, every task after plan skipped")
+
+    src = source(tmp_path / "b1", new_files(live.taxiway_home / "demo-data", 0, 24))
+    landed = taxiway("land", str(src), "--batch-id", "b1", check=True, env={
+        "TAXIWAY_CONFIG": str(TINY), "TAXIWAY_HOME": str(live.taxiway_home), "TAXIWAY_AIRFLOW_URL": live.url,
+        "TAXIWAY_AIRFLOW_USERNAME": "admin", "TAXIWAY_AIRFLOW_PASSWORD": live.password})
+    assert "announced: asset event" in landed.stdout, landed.stdout
+
+    def asset_run():
+        runs = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"run_type": "asset_triggered"}).json()["dag_runs"]
+        return runs[0] if runs else None
+
+    run = wait_for("the scheduler to create a refresh run from the asset event", asset_run, 120, every_s=1)
+    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=600)
+    tis = live.task_instances(DAG, run["dag_run_id"])
+    assert run["state"] == "success", {k: ti["state"] for k, ti in tis.items()}
+    print(f"refresh run {run['dag_run_id']} (asset triggered) took {_seconds(run):.1f}s")
+
+    from pipelines.registry import client
+
+    mv = client().get_model_version_by_alias("taxiway-tiny-gpt", "champion")
+    assert str(mv.version) == "2" and mv.tags["taxiway.parent_model"] == champion
+    assert mv.tags["taxiway.refresh.batches"] == "b1" and mv.tags["airflow.dag_id"] == DAG
+    events = live.api.get("/api/v2/assets/events", params={"limit": 10}).json()["asset_events"]
+    assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
+    assert json.loads(Path(os.environ["TAXIWAY_HOME"], "refresh", "attempts.json").read_text())

@@ -1,0 +1,133 @@
+"""``taxiway_refresh`` end to end with ``dag.test()`` on the tiny config: real Airflow (SQLite), a real
+gang over loopback, real MLflow (SQLite). The champion is a tiny model trained in this process and
+registered in the test's own registry; new data are standard-library files the demo corpus lacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from refresh_batches import CHAMPION_STEPS, new_files, register_champion, source
+from trained_models import make_run
+
+from conftest import REPO, TINY
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def refresh_dag(airflow_db, demo_data):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_refresh"]
+
+
+@pytest.fixture
+def champion(home: Path, session_home: Path) -> str:
+    """Version 1 of the tiny model, champion in this test's registry."""
+    return register_champion(home, make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True))
+
+
+def _land(home: Path, src: Path, batch_id: str):
+    from pipelines.refresh import landing
+
+    return landing.land(src, home / "landing", batch_id=batch_id)
+
+
+def _states(dr) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+
+
+def _plan(dr) -> dict:
+    from pipelines.run_folder import run_dir
+
+    return json.loads((run_dir(dr.run_id) / "refresh" / "plan.json").read_text())
+
+
+def _skipped(dr) -> None:
+    states = _states(dr)
+    assert str(dr.state) == "success" and states.pop("plan") == "success", states
+    assert set(states.values()) == {"skipped"}, states
+
+
+def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion, home: Path, demo_data: Path,
+                                                           tmp_path: Path):
+    from pipelines.config import load_config
+    from pipelines.refresh import plan as refresh_plan
+    from pipelines.refresh.assemble import assemble
+    from pipelines.registry import client
+    from pipelines.run_folder import Cache, run_dir
+
+    dr = refresh_dag.test()  # nothing landed: skipped (how fast: the live test and bench/refresh_bench.py)
+    _skipped(dr)
+    assert _plan(dr)["reason"].startswith(f"nothing new since the champion {champion}: 0 new batch(es)")
+
+    _land(home, source(tmp_path / "b1", new_files(demo_data, 0, 24)), "b1")
+    _land(home, source(tmp_path / "b2", new_files(demo_data, 30, 12)), "b2")  # two batches, one refresh
+    tokens = Cache(home / "cache").tokens("x").parent
+    before = set(tokens.iterdir())
+    dr = refresh_dag.test()
+    assert str(dr.state) == "success", _states(dr)
+    folder = run_dir(dr.run_id)
+    report = json.loads((folder / "eval" / "report.json").read_text())
+    assert report["passed"], report["reason"]
+    assert {"fixed", "fresh"} <= report["refresh"].keys()
+
+    # only the new files were tokenized; the replayed old documents came from the token cache
+    for entry in set(tokens.iterdir()) - before:
+        files = json.loads((entry / "meta.json").read_text())["files"]
+        assert all(f.startswith(("batches/b1/", "batches/b2/", "fresh/b1/", "fresh/b2/")) for f in files), files
+    packed = json.loads((Path(json.loads((folder / "tokenize" / "packed.json").read_text())["path"])
+                         / "manifest.json").read_text())
+    replay = packed["stats"]["replay"]
+    assert replay["documents"] > 0 and replay["groups_reused"] == replay["groups"] > 0, replay
+    new_tokens = packed["splits"]["train"]["tokens"] - replay["tokens"]
+    assert 0.1 < replay["tokens"] / (replay["tokens"] + new_tokens) < 0.5  # replay_fraction 0.25 of the mixture
+
+    # version 2: the champion's child, global step continued, its batch on the version
+    c = client()
+    mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
+    assert str(mv.version) == "2" and mv.tags["taxiway.parent_model"] == champion
+    assert mv.tags["taxiway.refresh.batches"] == "b1,b2"
+    model = json.loads((folder / "model" / "model.json").read_text())
+    assert model["global_step"] == CHAMPION_STEPS + 40 and model["parent"] == champion
+    ledger = json.loads(Path(c.download_artifacts(mv.run_id, "refresh/ledger.json", str(tmp_path / "l"))).read_text())
+    assert [(b["id"], b["version"]) for b in ledger["batches"]] == [("b1", "2"), ("b2", "2")]
+
+    # the same data again under another id: dropped, nothing trained; b1 and b2 are not new any more
+    _land(home, tmp_path / "b1", "b1-again")
+    dr = refresh_dag.test()
+    _skipped(dr)
+    assert _plan(dr)["resent"][0]["repeats"] == "b1" and _plan(dr)["new"] == []
+
+    # a re-sent file inside a new batch is dropped as a repeat of trained data, never trained twice
+    src = source(tmp_path / "b3", new_files(demo_data, 24, 3))
+    shutil.copyfile(tmp_path / "b1" / "train" / "f005.py.txt", src / "train" / "again.py.txt")
+    _land(home, src, "b3")
+    decision = refresh_plan.decide(load_config(TINY), tmp_path / "plan-b3", "plan-b3")  # as the plan task does
+    assert decision.config.parent == "models:/taxiway-tiny-gpt/2"
+    (batch,) = assemble(decision.config, tmp_path / "plan-b3")["batches"]
+    assert [d["document"] for d in batch["dropped_documents"]] == ["b3/train/again.py.txt"], batch
+    assert batch["dropped_documents"][0]["repeats"] == "b1:train/f005.py.txt"
+
+
+def test_a_failing_batch_is_not_consumed_and_is_quarantined_after_its_attempts(refresh_dag, champion, home: Path,
+                                                                               demo_data: Path, tmp_path: Path):
+    from pipelines.registry import client
+
+    src = source(tmp_path / "bad", new_files(demo_data, 0, 6))
+    shutil.copyfile(next((demo_data / "val").iterdir()), src / "train" / "leak.py.txt")  # a val document
+    _land(home, src, "bad")
+    dr = refresh_dag.test()
+    states = _states(dr)
+    assert str(dr.state) == "failed" and states["preflight.gate"] == "failed", states
+    assert states["register.model_version"] == "upstream_failed", states
+    assert len(client().search_model_versions("name = 'taxiway-tiny-gpt'")) == 1
+
+    dr = refresh_dag.test(run_conf={"refresh": {"max_attempts": 1}})
+    _skipped(dr)
+    (quarantined,) = _plan(dr)["quarantined"]
+    assert quarantined["id"] == "bad" and len(quarantined["attempts"]) == 1
+    assert "bad quarantined: it took part in 1 failed refresh(es)" in _plan(dr)["reason"]
