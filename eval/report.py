@@ -89,5 +89,7 @@ def with_refresh(rep: dict[str, Any], candidate: Score, baseline: Score, fresh: 
         "fixed": {"improvement_bpb": rep["improvement_bpb"], "max_regression_bpb": max_regression_bpb},
         "fresh": {"gate": fresh.to_dict(), "reason": fresh.reason, "candidate": candidate.summary(),
                   "baseline": baseline.summary()}}}
-    out["summary"] = f"{reason}. " + summary(rep)
+    c, b = rep["candidate"], rep["baseline"]
+    out["summary"] = (f"{reason}. Fixed validation set: {c['bits_per_byte']:.4f} vs {b['bits_per_byte']:.4f} bits/byte "
+                      f"({b['label']}); new data: {candidate.bits_per_byte:.4f} vs {baseline.bits_per_byte:.4f}.")
     return out

@@ -255,6 +255,7 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
 
     if landing is None:
         landing = _config_landing(config)
+    announce.check()
     batch = zone.land(src, landing, batch_id)
     typer.echo(f"landed batch {batch.id}: {batch.files} files, {batch.bytes} bytes, manifest sha256 "
                f"{batch.manifest_sha256[:12]}…")

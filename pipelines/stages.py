@@ -128,10 +128,13 @@ def parent_checkpoint(cfg: RunConfig, weights: Path) -> Path | None:
     from trainer import checkpoint
 
     mv = registry.resolve_version(cfg.parent, cfg.registry)
-    origin = (mv.tags or {}).get("taxiway.run_dir")
+    tags = mv.tags or {}
+    origin = tags.get("taxiway.run_dir")
     newest = checkpoint.latest_valid(RunFolder(Path(origin)).checkpoints) if origin else None
     exported = json.loads((weights / "model.json").read_text()).get("global_step")
-    if newest is not None and json.loads((newest / "meta.json").read_text())["global_step"] == exported:
+    meta = json.loads((newest / "meta.json").read_text()) if newest is not None else {}
+    if (meta.get("global_step") == exported and meta.get("format") == checkpoint.FORMAT
+            and meta.get("config_sha256") == tags.get("taxiway.config_sha256")):  # the run that made this version
         log.info("continuing %s from its full checkpoint %s (weights and optimizer state)", cfg.parent, newest)
         return newest
     log.info("continuing %s from its weights only (optimizer state starts fresh): %s", cfg.parent,

@@ -135,7 +135,7 @@ def test_cli_land_says_when_it_could_not_announce_the_batch(home: Path, tmp_path
                    env={"TAXIWAY_AIRFLOW_URL": "http://127.0.0.1:1", "TAXIWAY_AIRFLOW_TOKEN": "t"})
     assert away.returncode == 3 and "batch b2 landed, but could not reach Airflow at http://127.0.0.1:1" in away.stderr
     assert "the refresh's cron will find it" in away.stderr and "Traceback" not in away.stderr
-    assert [b.id for b in landing.complete_batches(zone)] == ["b1", "b2"]
+    assert [b.id for b in landing.complete_batches(zone)] == ["b2"]  # without credentials nothing landed
 
 
 def _batches(zone: Path, tmp_path: Path, *ids: str) -> list[landing.Batch]:
@@ -221,13 +221,29 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
         decide(load_config(TINY, ["refresh.landing=null"]), tmp_path / "run2", "run2")
 
 
-def test_a_batch_is_quarantined_after_max_attempts_failed_refreshes(home: Path, tmp_path: Path):
+def test_a_failing_batch_is_tried_alone_and_quarantined_without_the_healthy_ones(home: Path, tmp_path: Path):
     from pipelines.refresh import attempts
 
     zone = tmp_path / "landing"
+    good, bad, later = _batches(zone, tmp_path, "good", "bad", "later")
+    first = attempts.take([good, bad], "run-1", "models:/m/1", 2)  # both new: tried together, and fail
+    assert (first.kept, first.held, first.quarantined) == ([good, bad], [], [])
+    assert attempts.take([good, bad], "run-1", "models:/m/1", 2) == first  # a retry of the same run counts once
+    second = attempts.take([good, bad, later], "run-2", "models:/m/1", 2)  # what never failed goes first
+    assert (second.kept, second.held) == ([later], [good, bad])
+    third = attempts.take([good, bad], "run-3", "models:/m/1", 2)  # then each suspect alone: good passes
+    assert (third.kept, third.held) == ([good], [bad])
+    fourth = attempts.take([bad], "run-4", "models:/m/1", 2)  # bad alone, its second failure
+    assert (fourth.kept, fourth.quarantined) == ([bad], [])
+    fifth = attempts.take([bad], "run-5", "models:/m/1", 2)
+    assert fifth.kept == [] and fifth.quarantined == [(bad, ["run-1", "run-4"])]
+    assert attempts.take([bad], "run-6", "models:/m/2", 2).kept == [bad]  # a new champion: counts start afresh
+    assert json.loads(attempts.path().read_text())[f"good {good.manifest_sha256} models:/m/1"] == ["run-1", "run-3"]
+
+
+def test_an_invalid_batch_is_reported_and_the_others_go_on(tmp_path: Path):
+    zone = tmp_path / "landing"
     b1, b2 = _batches(zone, tmp_path, "b1", "b2")
-    assert attempts.take([b1, b2], "run-1", 2) == ([b1, b2], [])
-    assert attempts.take([b1, b2], "run-1", 2) == ([b1, b2], [])  # a retry of the same run counts once
-    assert attempts.take([b1], "run-2", 2) == ([b1], [])
-    assert attempts.take([b1, b2], "run-3", 2) == ([b2], [(b1, ["run-1", "run-2"])])
-    assert json.loads(attempts.path().read_text())[f"b2 {b2.manifest_sha256}"] == ["run-1", "run-3"]
+    Path(b1.manifest).write_text(Path(b1.manifest).read_text().replace("doc0", "doc9"))
+    batches, invalid = landing.scan(zone)
+    assert batches == [b2] and invalid[0][0] == "b1" and "b1/manifest.jsonl: changed after landing" in invalid[0][1]

@@ -24,10 +24,16 @@ def refresh_dag(airflow_db, demo_data):
     return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_refresh"]
 
 
+@pytest.fixture(scope="module")
+def base_run(session_home: Path, demo_data: Path) -> Path:
+    """The champion-to-be, trained once per session (before any test's own home exists)."""
+    return make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True)
+
+
 @pytest.fixture
-def champion(home: Path, session_home: Path) -> str:
+def champion(home: Path, base_run: Path) -> str:
     """Version 1 of the tiny model, champion in this test's registry."""
-    return register_champion(home, make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True))
+    return register_champion(home, base_run)
 
 
 def _land(home: Path, src: Path, batch_id: str):
@@ -54,6 +60,7 @@ def _skipped(dr) -> None:
 
 def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion, home: Path, demo_data: Path,
                                                            tmp_path: Path):
+    from pipelines import stages
     from pipelines.config import load_config
     from pipelines.refresh import plan as refresh_plan
     from pipelines.refresh.assemble import assemble
@@ -91,6 +98,8 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
     assert str(mv.version) == "2" and mv.tags["taxiway.parent_model"] == champion
     assert mv.tags["taxiway.refresh.batches"] == "b1,b2"
+    assert float(mv.tags["taxiway.eval.new_data.lower_bound_bpb"]) == pytest.approx(
+        report["refresh"]["fresh"]["gate"]["lower_bpb"], abs=1e-6)
     model = json.loads((folder / "model" / "model.json").read_text())
     assert model["global_step"] == CHAMPION_STEPS + 40 and model["parent"] == champion
     ledger = json.loads(Path(c.download_artifacts(mv.run_id, "refresh/ledger.json", str(tmp_path / "l"))).read_text())
@@ -106,11 +115,21 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     src = source(tmp_path / "b3", new_files(demo_data, 24, 3))
     shutil.copyfile(tmp_path / "b1" / "train" / "f005.py.txt", src / "train" / "again.py.txt")
     _land(home, src, "b3")
-    decision = refresh_plan.decide(load_config(TINY), tmp_path / "plan-b3", "plan-b3")  # as the plan task does
+    b3 = tmp_path / "plan-b3"
+    decision = refresh_plan.decide(load_config(TINY), b3, "plan-b3")  # as the plan task does
     assert decision.config.parent == "models:/taxiway-tiny-gpt/2"
-    (batch,) = assemble(decision.config, tmp_path / "plan-b3")["batches"]
+    assert refresh_plan.decide(load_config(TINY), b3, "plan-b3") == decision  # decided once per run
+    stages.prepare(decision.config, b3)
+    (batch,) = assemble(decision.config, b3)["batches"]
     assert [d["document"] for d in batch["dropped_documents"]] == ["b3/train/again.py.txt"], batch
     assert batch["dropped_documents"][0]["repeats"] == "b1:train/f005.py.txt"
+    # its replay draws on the base corpus and on b1 and b2 as version 2 packed them: all from the cache
+    before = set(tokens.iterdir())
+    replay = stages.tokenize(decision.config, b3).manifest()["stats"]["replay"]
+    assert replay["groups_reused"] == replay["groups"] and replay["groups_left_out"] == 0, replay
+    for entry in set(tokens.iterdir()) - before:
+        files = json.loads((entry / "meta.json").read_text())["files"]
+        assert all(f.startswith(("batches/b3/", "fresh/b3/")) for f in files), files
 
 
 def test_a_failing_batch_is_not_consumed_and_is_quarantined_after_its_attempts(refresh_dag, champion, home: Path,

@@ -44,11 +44,11 @@ def test_trained_signatures_are_stored_once_and_find_a_resent_document(tmp_path:
     cfg = load_config(TINY)
     zone = tmp_path / "landing"
     b1 = landing.land(_batch(tmp_path / "s1", {f"d{i}.txt": _doc(i) for i in range(6)}), zone, batch_id="b1")
-    index, signed_now = trained_index(cfg, [("b1", b1.manifest)], workers=2)
+    index, signed_now = trained_index(cfg, [("b1", b1.manifest, None)], workers=2)
     assert signed_now == 1 and len(index.ids) == 6 and signatures.path_of(cfg, b1.manifest_sha256).exists()
 
-    shutil.rmtree(Path(b1.uri) / "train")  # stored signatures need no old document
-    again, signed_now = trained_index(cfg, [("b1", b1.manifest)], workers=2)
+    shutil.rmtree(Path(b1.uri))  # stored signatures need no old document, nor its manifest
+    again, signed_now = trained_index(cfg, [("b1", b1.manifest, b1.manifest_sha256)], workers=2)
     assert signed_now == 0 and again.ids == index.ids and again.ids[0].startswith("b1:train/")
 
     edited = _doc(3).replace("w1 ", "w2 ", 3)  # a re-sent document with a few words changed

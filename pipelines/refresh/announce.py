@@ -29,11 +29,16 @@ def configured() -> bool:
     return bool(os.environ.get(URL))
 
 
+def check() -> None:
+    """Credentials are there when a URL is (checked before anything lands)."""
+    if configured() and not os.environ.get(TOKEN) and not (os.environ.get(USER) and os.environ.get(PASSWORD)):
+        raise BadInput(f"{URL} is set but no credentials: set {TOKEN}, or {USER} and {PASSWORD}")
+
+
 def _token(url: str) -> str:
+    check()
     if os.environ.get(TOKEN):
         return os.environ[TOKEN]
-    if not (os.environ.get(USER) and os.environ.get(PASSWORD)):
-        raise BadInput(f"{URL} is set but no credentials: set {TOKEN}, or {USER} and {PASSWORD}")
     body = json.dumps({"username": os.environ[USER], "password": os.environ[PASSWORD]}).encode()
     request = urllib.request.Request(f"{url}/auth/token", body, {"Content-Type": "application/json"})
     try:

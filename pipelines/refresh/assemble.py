@@ -32,6 +32,7 @@ from pipelines.config import DataConfig, RunConfig
 from pipelines.documents import file_format
 from pipelines.errors import BadInput, CheckFailed
 from pipelines.preflight.decontaminate import filtered
+from pipelines.preflight.overlap import Signed
 from pipelines.refresh import plan as refresh_plan
 from pipelines.refresh import signatures
 from pipelines.refresh.landing import MANIFEST, Batch
@@ -58,21 +59,30 @@ def _held_out(batch: Batch, train: list[manifest.Entry], fraction: float, seed: 
     return {e.path for e in rank[:min(len(train) - 1, math.ceil(fraction * len(train)))]}
 
 
-def _trained_sources(plan: dict, base: DataConfig) -> list[tuple[str, str]]:
-    """(label, manifest) of everything the champion was trained on: the base corpus and its ledger."""
+def _trained_sources(plan: dict, base: DataConfig) -> list[tuple[str, str, str | None]]:
+    """(label, manifest, its sha256 when known) of everything the champion was trained on: the base
+    corpus and its ledger's batches (found by sha256 in the signature store, even once deleted)."""
     zone = storage.locate(plan["landing"])
-    return [("base", base.manifest)] + [(b["id"], zone.join(f"{b['id']}/{MANIFEST}").uri()) for b in plan["ledger"]]
+    return [("base", base.manifest, None)] + [(b["id"], zone.join(f"{b['id']}/{MANIFEST}").uri(), b["manifest_sha256"])
+                                              for b in plan["ledger"]]
 
 
-def _repeats(cfg: RunConfig, index, batch: Batch) -> dict[str, tuple[str, float]]:
-    """New train documents of ``batch`` that repeat trained ones (in ``index``): doc id → (trained
-    doc, estimate). The batch's signatures are stored for the refreshes after this one."""
+def _repeats(cfg: RunConfig, index, batch: Batch) -> tuple[dict[str, tuple[str, float]], Signed]:
+    """New train documents of ``batch`` that repeat documents in ``index`` (trained ones, and those
+    of the new batches before it): doc id → (that document, estimate); and the batch's signatures,
+    which are stored for the refreshes after this one."""
     new, _ = signatures.train_signatures(cfg, batch.manifest)
     found: dict[str, tuple[str, float]] = {}
     for trained, doc, est in index.candidates(new, cfg.preflight.overlap_jaccard)[0]:
         if est > found.get(doc, ("", -1.0))[1]:
             found[doc] = (trained, est)
-    return found
+    return found, new
+
+
+def _kept_docs(signed: Signed, files: set[str], dropped: set[str]) -> Signed:
+    """The signatures of the documents this refresh trains on (of ``files``, not ``dropped``)."""
+    rows = [i for i, d in enumerate(signed.ids) if d.split("#", 1)[0] in files and d not in dropped]
+    return Signed([signed.ids[i] for i in rows], signed.sigs[rows], [[band[i] for i in rows] for band in signed.keys])
 
 
 def assemble(cfg: RunConfig, run_dir: Path) -> dict:
@@ -94,8 +104,8 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
             train = [e for e in entries if e.split == "train"]
             own_val = [e for e in entries if e.split == "val"]
             held = {e.path for e in own_val} or _held_out(batch, train, cfg.refresh.fresh_eval_fraction, cfg.train.seed)
-            repeats = _repeats(cfg, index, batch)
-            dropped, kept = [], 0
+            repeats, signed_batch = _repeats(cfg, index, batch)
+            dropped, kept = [], []  # kept: [path in batch, sha256 as packed, filtered]
             for e in entries:
                 rel = f"{batch.id}/{e.path}"
                 if e.path in held:
@@ -107,7 +117,7 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
                 if not drop:
                     _place(dest, src)
                     train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", e.bytes, e.sha256))
-                    kept += 1
+                    kept.append([e.path, e.sha256, False])
                     continue
                 dropped += [{"document": f"{batch.id}/{d}", "repeats": repeats[d][0], "jaccard": round(repeats[d][1], 3)}
                             for d in sorted(drop)]
@@ -115,12 +125,13 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
                 if data is not None:
                     fsio.write_bytes(dest, data)
                     train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", len(data), fsio.sha256_file(dest)))
-                    kept += 1
-            report.append({"batch": batch.id, "train_files": kept, "held_out_files": len(held),
+                    kept.append([e.path, train_entries[-1].sha256, True])
+            index.add(signatures.labelled(_kept_docs(signed_batch, {k[0] for k in kept}, set(repeats)), batch.id))
+            report.append({"batch": batch.id, "train_files": len(kept), "train": kept, "held_out_files": len(held),
                            "held_out_from": "val/" if own_val else "train", "dropped_documents": dropped})
         if not train_entries:
-            raise CheckFailed("every new train document repeats data the champion was trained on: nothing new to "
-                              "train on; see the plan and land new data")
+            raise CheckFailed(f"every new train document of {', '.join(b['batch'] for b in report)} repeats data the "
+                              "champion was trained on: nothing new to train on (assembled.json lists each)")
         manifest.write(stage / "manifest.jsonl", train_entries + [manifest.Entry(e.path, "val", e.bytes, e.sha256)
                                                                   for e in val])
         manifest.write(stage / "fresh.jsonl", fresh_entries)

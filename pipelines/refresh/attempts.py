@@ -1,11 +1,14 @@
 """Refresh attempts per batch, so a batch that keeps failing is quarantined instead of failing every
-refresh after it.
+refresh after it, and does not take healthy batches down with it.
 
 A batch is tried by a refresh run when the run's plan takes it; the batch stays new (unconsumed)
 until a refresh that trained on it becomes champion. So every earlier run recorded for a batch
-that is still new is a failed attempt: failed preflight, failed training, or a gate the version did
-not pass. Kept in ``$TAXIWAY_HOME/refresh/attempts.json`` (one writer at a time under a file lock,
-written atomically), keyed by batch id and manifest sha256.
+that is still new against the same champion is a failed attempt: failed preflight, failed
+training, or a gate the version did not pass. Batches that never failed go first, together; a
+batch that failed before is then tried alone, so only the batch that fails by itself reaches
+``refresh.max_attempts`` and is quarantined. Kept in ``$TAXIWAY_HOME/refresh/attempts.json`` (one
+writer at a time under a file lock, written atomically), keyed by batch id, manifest sha256 and
+the champion it was tried against (a new champion starts every count afresh).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import fcntl
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.refresh.landing import Batch
@@ -25,8 +29,14 @@ def path() -> Path:
     return taxiway_home() / "refresh" / "attempts.json"
 
 
-def _key(batch: Batch) -> str:
-    return f"{batch.id} {batch.manifest_sha256}"
+@dataclass(frozen=True)
+class Taken:
+    """What a refresh trains on (``kept``), what waits for a later run (``held``: failed before and
+    tried alone later), and what is quarantined (with the runs that failed it)."""
+
+    kept: list[Batch] = field(default_factory=list)
+    held: list[Batch] = field(default_factory=list)
+    quarantined: list[tuple[Batch, list[str]]] = field(default_factory=list)
 
 
 @contextmanager
@@ -40,19 +50,17 @@ def _locked() -> Iterator[dict[str, list[str]]]:
         fsio.write_json(target, state)
 
 
-def take(batches: list[Batch], run_key: str, max_attempts: int) -> tuple[list[Batch], list[tuple[Batch, list[str]]]]:
-    """Record ``run_key`` as an attempt on each batch, except batches already tried ``max_attempts``
-    times by other runs: those are returned as quarantined, with the runs that tried them. A retry
-    of the same run counts once."""
-    kept, quarantined = [], []
+def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int) -> Taken:
+    """Decide which of the new ``batches`` this run (``run_key``) tries, and record the attempt."""
     with _locked() as state:
-        for batch in batches:
-            runs = state.setdefault(_key(batch), [])
-            earlier = [r for r in runs if r != run_key]
-            if len(earlier) >= max_attempts:
-                quarantined.append((batch, earlier))
-                continue
+        failed = {b.id: [r for r in state.get(f"{b.id} {b.manifest_sha256} {champion}", []) if r != run_key]
+                  for b in batches}
+        quarantined = [(b, failed[b.id]) for b in batches if len(failed[b.id]) >= max_attempts]
+        left = [b for b in batches if len(failed[b.id]) < max_attempts]
+        never = [b for b in left if not failed[b.id]]
+        kept = never or left[:1]
+        for batch in kept:
+            runs = state.setdefault(f"{batch.id} {batch.manifest_sha256} {champion}", [])
             if run_key not in runs:
                 runs.append(run_key)
-            kept.append(batch)
-    return kept, quarantined
+    return Taken(kept, [b for b in left if b not in kept], quarantined)

@@ -173,27 +173,42 @@ def _read_marker(folder: storage.Location, name: str) -> dict:
     return marker
 
 
-def complete_batches(landing: str | Path) -> list[Batch]:
-    """Every complete batch in the landing zone, in landing order (``landed_at``, then id); folders
-    without a marker (being copied) and hidden staging folders are not batches. A bad marker, or a
-    manifest that no longer matches its marker, is an error naming the batch."""
+def scan(landing: str | Path) -> tuple[list[Batch], list[tuple[str, str]]]:
+    """Every complete batch in the landing zone, in landing order (``landed_at``, then id), and the
+    invalid ones as (folder name, reason): a bad marker or id, a missing manifest, or a manifest that
+    no longer matches its marker. Folders without a marker (being copied) and hidden staging folders
+    are not batches."""
     zone = storage.locate(landing)
     if not zone.fs.isdir(zone.path):
-        return []
-    batches = []
+        return [], []
+    batches, invalid = [], []
     for path in zone.fs.ls(zone.path, detail=False):
         name = PurePosixPath(path).name
         if name.startswith(".") or not zone.fs.isfile(f"{path}/{MARKER}"):
             continue
-        folder = storage.Location(zone.fs, path, zone.protocol)
-        check_batch_id(name)
-        marker = _read_marker(folder, name)
         try:
-            actual = storage.sha256(folder.join(MANIFEST))
-        except FileNotFoundError:
-            raise LandingError(f"{folder.uri()}: complete (marker present) but {MANIFEST} is missing") from None
-        if actual != marker["manifest_sha256"]:
-            raise LandingError(f"{folder.join(MANIFEST).uri()}: changed after landing (sha256 {actual[:12]}…, "
-                               f"marker says {marker['manifest_sha256'][:12]}…); land changed data as a new batch")
-        batches.append(_batch(folder, marker))
-    return sorted(batches, key=lambda b: (b.landed_at, b.id))
+            batches.append(_checked_batch(storage.Location(zone.fs, path, zone.protocol), name))
+        except LandingError as exc:
+            invalid.append((name, str(exc)))
+    return sorted(batches, key=lambda b: (b.landed_at, b.id)), sorted(invalid)
+
+
+def _checked_batch(folder: storage.Location, name: str) -> Batch:
+    check_batch_id(name)
+    marker = _read_marker(folder, name)
+    try:
+        actual = storage.sha256(folder.join(MANIFEST))
+    except FileNotFoundError:
+        raise LandingError(f"{folder.uri()}: complete (marker present) but {MANIFEST} is missing") from None
+    if actual != marker["manifest_sha256"]:
+        raise LandingError(f"{folder.join(MANIFEST).uri()}: changed after landing (sha256 {actual[:12]}…, "
+                           f"marker says {marker['manifest_sha256'][:12]}…); land changed data as a new batch")
+    return _batch(folder, marker)
+
+
+def complete_batches(landing: str | Path) -> list[Batch]:
+    """``scan``'s batches; an invalid one is an error naming it."""
+    batches, invalid = scan(landing)
+    if invalid:
+        raise LandingError(invalid[0][1])
+    return batches

@@ -65,8 +65,11 @@ class Ledger:
                 plan.new.append(batch)
         return plan
 
-    def extended(self, new: list[Batch], version: str) -> Ledger:
-        return Ledger((*self.batches, *({**b.ref(), "version": version} for b in new)))
+    def extended(self, new: list[Batch], version: str, trained: dict[str, list] | None = None) -> Ledger:
+        """Add ``new`` as trained first by ``version``; ``trained`` (batch id → the train files it
+        packed, ``[path, sha256, filtered]``) lets later refreshes replay exactly those."""
+        return Ledger((*self.batches, *({**b.ref(), "version": version, "train": (trained or {}).get(b.id, [])}
+                                        for b in new)))
 
     def to_json(self) -> str:
         return json.dumps({"batches": list(self.batches)}, indent=1) + "\n"
@@ -83,7 +86,8 @@ class Ledger:
             bad = [k for k in ("id", "manifest_sha256", "version") if not isinstance(row, dict) or not isinstance(row.get(k), str)]
             if bad:
                 raise LedgerError(f"{where}: batches[{i}].{bad[0]} missing or not a string")
-        return cls(tuple({k: row[k] for k in ("id", "manifest_sha256", "version")} for row in rows))
+        return cls(tuple({**{k: row[k] for k in ("id", "manifest_sha256", "version")}, "train": row.get("train", [])}
+                         for row in rows))
 
 
 def tags(new: list[Batch]) -> dict[str, str]:
@@ -114,7 +118,9 @@ def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
     from trainer import fsio
 
     new = [Batch(**b) for b in plan["new"]]
-    ledger = Ledger(tuple(plan["ledger"])).extended(new, registered.version)
+    assembled = json.loads(RunFolder(run_dir).refresh_assembled.read_text())
+    trained = {b["batch"]: b["train"] for b in assembled["batches"]}
+    ledger = Ledger(tuple(plan["ledger"])).extended(new, registered.version, trained)
     path = fsio.write_text(RunFolder(run_dir).refresh_ledger, ledger.to_json())
 
     def write() -> None:

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines.config import RunConfig
+from pipelines.config import RunConfig, load_config
 from pipelines.errors import BadInput
 from pipelines.refresh import attempts, landing
 from pipelines.refresh.layout import layout
@@ -25,15 +25,16 @@ class Decision:
     config: RunConfig | None
 
 
-def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None, Ledger]:
+def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None, Ledger, list[tuple[str, str]]]:
     """The plan against the current champion's ledger (an empty one while there is no champion),
-    the champion as ``models:/NAME/VERSION``, and its ledger."""
+    the champion as ``models:/NAME/VERSION``, its ledger, and the landed batches that are invalid
+    (folder, reason): those are reported and left out, never a reason to stop every refresh."""
     from pipelines.registry import client, current_champion, with_retries
 
     if not cfg.refresh.landing:
         raise BadInput("refresh.landing: not set; a refresh needs the landing zone of new batches")
     reg = cfg.registry
-    batches = landing.complete_batches(cfg.refresh.landing)
+    batches, invalid = landing.scan(cfg.refresh.landing)
     c = client()
     champion = with_retries(reg, "read the champion", lambda: current_champion(c, reg.model_name, reg.champion_alias))
     ledger = Ledger()
@@ -41,7 +42,7 @@ def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None,
         dest = RunFolder(run_dir).refresh_plan.parent / "champion-ledger"
         ledger = with_retries(reg, "read the champion's ledger", lambda: of_version(c, champion, dest))
     uri = f"models:/{champion.name}/{champion.version}" if champion is not None else None
-    return ledger.plan(batches), uri, ledger
+    return ledger.plan(batches), uri, ledger, invalid
 
 
 def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
@@ -58,14 +59,25 @@ def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
 
 
 def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
-    """Plan this refresh and write ``refresh/plan.json``; batches past ``refresh.max_attempts``
-    failed refreshes are quarantined (left out, named in the plan)."""
-    plan, champion, ledger = new_since_champion(cfg, run_dir)
-    new, quarantined = attempts.take(plan.new, run_key, cfg.refresh.max_attempts) if champion else (plan.new, [])
-    notes = [plan.summary()] + [
+    """Plan this refresh and write ``refresh/plan.json``, once per run: a retry (or a clear) of the
+    plan task returns the decision already made, so the run's data never changes under its
+    checkpoints. Batches past ``refresh.max_attempts`` failed refreshes are quarantined, batches that
+    failed before wait while new ones go first (``attempts``); invalid batches are reported."""
+    folder = RunFolder(run_dir)
+    if folder.refresh_plan.exists():
+        made = read(run_dir)
+        if not made["new"]:
+            return Decision(made["reason"], None)
+        return Decision(made["reason"], load_config(folder.config) if folder.config.exists()
+                        else refresh_config(cfg, run_dir, made["champion"]))
+    plan, champion, ledger, invalid = new_since_champion(cfg, run_dir)
+    taken = attempts.take(plan.new, run_key, champion, cfg.refresh.max_attempts) if champion else attempts.Taken(plan.new)
+    notes = [plan.summary()] + [f"{name} invalid: {why}" for name, why in invalid] + [
         f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "
         f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id"
-        for b, runs in quarantined]
+        for b, runs in taken.quarantined] + [
+        f"{b.id} held back: it failed before, and is tried alone after the batches that did not" for b in taken.held]
+    new = taken.kept
     if champion is None:
         reason = (f"nothing to refresh: no version of {cfg.registry.model_name} holds "
                   f"'{cfg.registry.champion_alias}'; train one with taxiway_train first")
@@ -74,11 +86,12 @@ def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
     else:
         reason = f"refreshing {champion} on {', '.join(b.id for b in new)}: " + "; ".join(notes)
     run_cfg = refresh_config(cfg, run_dir, champion) if champion and new else None
-    fsio.write_json(RunFolder(run_dir).refresh_plan, {
+    fsio.write_json(folder.refresh_plan, {
         "landing": cfg.refresh.landing, "champion": champion, "ledger": list(ledger.batches),
         "new": [asdict(b) for b in new], "resent": [{**asdict(b), "repeats": twin} for b, twin in plan.resent],
-        "changed": [asdict(b) for b in plan.changed],
-        "quarantined": [{**asdict(b), "attempts": runs} for b, runs in quarantined],
+        "changed": [asdict(b) for b in plan.changed], "held": [asdict(b) for b in taken.held],
+        "quarantined": [{**asdict(b), "attempts": runs} for b, runs in taken.quarantined],
+        "invalid": [{"folder": name, "reason": why} for name, why in invalid],
         "base_data": cfg.data.model_dump(mode="json"), "reason": reason})
     return Decision(reason, run_cfg)
 

@@ -1,27 +1,27 @@
 """Replay: a seeded share of the documents the champion was trained on, mixed into a refresh's
 train split so it does not forget what it knew.
 
-Drawn at the token level from the old data's cached token groups (``pipelines/tokenize/groups.py``):
-the groups of the base corpus are rebuilt from its manifest exactly as its first packing cut them,
-so their keys match and their token streams are read from the cache; nothing is tokenized again
-unless the cache lost a group (then that group is encoded once more and counted). Each document is
-kept when a generator seeded by ``train.seed`` and the group's key draws below the share that makes
-old tokens ``refresh.replay_fraction`` of the train mixture: the same documents on every retry
-and every machine.
+Drawn at the token level from the old data's cached token groups (``pipelines/tokenize/groups.py``),
+rebuilt exactly as they were packed, so their keys match and their streams come from the cache:
+the base corpus from its manifest, and the batches of each earlier refresh from the files its
+ledger row lists as packed (held-out files and documents dropped as repeats were never trained,
+and are not replayed). A group the cache lost is encoded again from its files and counted; one that
+holds a file trained without some of its documents is then left out (its trained text is gone).
+Each document is kept when a generator seeded by ``train.seed`` and the group's key draws below the
+share that makes old tokens ``refresh.replay_fraction`` of the train mixture: the same documents
+on every retry and every machine.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipelines import manifest, storage
 from pipelines.config import DataConfig, RunConfig
-from pipelines.refresh.landing import MANIFEST
 from pipelines.refresh.layout import NEW
 from pipelines.tokenize.groups import FileRef, Stream, group_key, split_groups, tokenize_group
 
@@ -29,6 +29,7 @@ from pipelines.tokenize.groups import FileRef, Stream, group_key, split_groups, 
 @dataclass(frozen=True)
 class Replay:
     groups: list[list[FileRef]]
+    partial: frozenset[str]  # paths of files trained without some of their documents
     fraction: float
     seed: int
 
@@ -38,22 +39,26 @@ class Replay:
                 "groups": [[(f.path, f.sha256) for f in g] for g in self.groups]}
 
     def streams(self, new_tokens: int, encode, tokenizer_sha256: str, eos: int, dtype: np.dtype,
-                data_format: str | None, cache) -> Iterator[tuple[Stream, Stream]]:
-        """(whole old group, the documents replayed from it) per old group: each old document is
-        kept with the probability that makes old tokens ``fraction`` of the mixture with
-        ``new_tokens`` (all of them when there are too few)."""
+                data_format: str | None, cache) -> tuple[list[Stream], dict]:
+        """The documents replayed from each old group, each old document kept with the probability that
+        makes old tokens ``fraction`` of the mixture with ``new_tokens``; and what the cache answered."""
         keys = [group_key(g, tokenizer_sha256, data_format, dtype) for g in self.groups]
-        old_tokens = 0
+        usable, lost, skipped, old_tokens = [], 0, 0, 0
         for group, key in zip(self.groups, keys, strict=True):
             meta = cache.tokens(key) / "meta.json"
-            if not meta.is_file():  # lost from the cache: encoded once more (and cached again)
+            if not meta.is_file():
+                lost += 1
+                if any(f.path in self.partial for f in group):
+                    skipped += 1
+                    continue
                 tokenize_group(group, encode, tokenizer_sha256, eos, dtype, data_format, cache)
             old_tokens += json.loads(meta.read_text())["tokens"]
-        want = new_tokens * self.fraction / (1 - self.fraction)
-        keep = min(1.0, want / old_tokens) if old_tokens else 0.0
-        for group, key in zip(self.groups, keys, strict=True):
-            stream = tokenize_group(group, encode, tokenizer_sha256, eos, dtype, data_format, cache)
-            yield stream, sample(stream, key, keep, self.seed)
+            usable.append((group, key))
+        keep = min(1.0, new_tokens * self.fraction / (1 - self.fraction) / old_tokens) if old_tokens else 0.0
+        out = [sample(tokenize_group(g, encode, tokenizer_sha256, eos, dtype, data_format, cache), k, keep, self.seed)
+               for g, k in usable]
+        return out, {"groups": len(self.groups), "groups_reused": len(self.groups) - lost,
+                     "groups_left_out": skipped, "keep_probability": round(keep, 6)}
 
 
 def sample(stream: Stream, key: str, fraction: float, seed: int) -> Stream:
@@ -69,23 +74,29 @@ def sample(stream: Stream, key: str, fraction: float, seed: int) -> Stream:
     return Stream(stream.tokens[mask], starts, 0, stream.cache_hit)
 
 
-def old_groups(cfg: RunConfig, plan: dict) -> list[list[FileRef]]:
-    """The champion's train data as token groups: the base corpus as its manifest lists it, then each
-    batch of its ledger as the refresh that trained on it laid it out."""
+def old_groups(plan: dict) -> tuple[list[list[FileRef]], frozenset[str]]:
+    """The champion's train data as token groups, as each was packed: the base corpus by its
+    manifest, then per model version that trained batches, the files its ledger rows list; and the
+    paths of files packed without some of their documents."""
     base = DataConfig(**plan["base_data"])
     root = manifest.root_of(base.manifest)
-    refs = [FileRef(e.path, e.sha256, root.join(e.path)) for e in manifest.read(base.manifest) if e.split == "train"]
-    groups = split_groups(refs)
+    groups = split_groups([FileRef(e.path, e.sha256, root.join(e.path))
+                           for e in manifest.read(base.manifest) if e.split == "train"])
     zone = storage.locate(plan["landing"])
-    for b in plan["ledger"]:
-        batch_root = zone.join(b["id"])
-        entries = manifest.read(batch_root.join(MANIFEST).uri())
-        groups += split_groups([FileRef(f"{NEW}/{b['id']}/{e.path}", e.sha256, batch_root.join(e.path))
-                                for e in entries if e.split == "train"])
-    return groups
+    partial, by_version = set(), {}
+    for row in plan["ledger"]:
+        for path, sha, cut in row.get("train", []):
+            ref = FileRef(f"{NEW}/{row['id']}/{path}", sha, zone.join(f"{row['id']}/{path}"))
+            by_version.setdefault(row["version"], []).append(ref)
+            if cut:
+                partial.add(ref.path)
+    for refs in by_version.values():  # one refresh packed all its batches' files together
+        groups += split_groups(refs)
+    return groups, frozenset(partial)
 
 
 def of_run(cfg: RunConfig, plan: dict) -> Replay | None:
     if cfg.refresh.replay_fraction == 0:
         return None
-    return Replay(old_groups(cfg, plan), cfg.refresh.replay_fraction, cfg.train.seed)
+    groups, partial = old_groups(plan)
+    return Replay(groups, partial, cfg.refresh.replay_fraction, cfg.train.seed)

@@ -36,12 +36,14 @@ def path_of(cfg: RunConfig, manifest_sha256: str) -> Path:
     return Cache(cache_dir()).signatures(params_key(cfg)) / f"{manifest_sha256}.npz"
 
 
-def train_signatures(cfg: RunConfig, manifest_uri: str, workers: int | None = None) -> tuple[Signed, bool]:
+def train_signatures(cfg: RunConfig, manifest_uri: str, workers: int | None = None,
+                     manifest_sha256: str | None = None) -> tuple[Signed, bool]:
     """The signatures of the train documents ``manifest_uri`` lists, and whether they were
-    stored already (True: nothing was read but the manifest)."""
+    stored already (True: nothing was read; with ``manifest_sha256`` given, not even the manifest,
+    which may be gone by then)."""
     p = cfg.preflight
     bands, rows = lsh_params(p.overlap_jaccard, p.num_perm)
-    path = path_of(cfg, manifest.digest(manifest_uri))
+    path = path_of(cfg, manifest_sha256 or manifest.digest(manifest_uri))
     if path.exists():
         with np.load(path, allow_pickle=False) as saved:
             ids, sigs = saved["ids"].tolist(), saved["sigs"]
@@ -60,12 +62,13 @@ def labelled(signed: Signed, label: str) -> Signed:
     return Signed([f"{label}:{i}" for i in signed.ids], signed.sigs, signed.keys)
 
 
-def trained_index(cfg: RunConfig, sources: list[tuple[str, str]], workers: int | None = None) -> tuple[TrainIndex, int]:
-    """The index of every source's train documents (``(label, manifest)`` pairs) and how many
-    sources had to be signed (0 once every one is stored)."""
+def trained_index(cfg: RunConfig, sources: list[tuple[str, str, str | None]],
+                  workers: int | None = None) -> tuple[TrainIndex, int]:
+    """The index of every source's train documents (``(label, manifest, manifest sha256 if known)``)
+    and how many sources had to be signed (0 once every one is stored)."""
     index, signed_now = TrainIndex(cfg), 0
-    for label, uri in sources:
-        signed, stored = train_signatures(cfg, uri, workers)
+    for label, uri, sha in sources:
+        signed, stored = train_signatures(cfg, uri, workers, sha)
         index.add(labelled(signed, label))
         signed_now += not stored
     return index, signed_now

@@ -83,7 +83,19 @@ def eval_tags(eval_report: dict[str, Any]) -> dict[str, str]:
         "taxiway.eval.lower_bound_bpb": f"{g['lower_bpb']:+.6f}",
         "taxiway.eval.confidence": f"{g['confidence']}",
         "taxiway.eval.bootstrap": f"{g['units']} {g['unit']}s x {g['samples']} resamples, seed {g['seed']}",
+        **_refresh_tags(eval_report.get("refresh")),
     }
+
+
+def _refresh_tags(refresh: dict[str, Any] | None) -> dict[str, str]:
+    """A refresh's second set: the held-out new data, and the fixed set's allowed regression."""
+    if not refresh:
+        return {}
+    fresh = refresh["fresh"]
+    return {"taxiway.eval.new_data.bits_per_byte": f"{fresh['candidate']['bits_per_byte']:.6f}",
+            "taxiway.eval.new_data.baseline_bits_per_byte": f"{fresh['baseline']['bits_per_byte']:.6f}",
+            "taxiway.eval.new_data.lower_bound_bpb": f"{fresh['gate']['lower_bpb']:+.6f}",
+            "taxiway.eval.max_regression_bpb": f"{refresh['fixed']['max_regression_bpb']}"}
 
 
 @dataclass(frozen=True)

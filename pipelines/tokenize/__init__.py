@@ -155,16 +155,16 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
 
 def _add_replay(replay: Replay, writer: SplitWriter, encode, tok_sha: str, eos: int, dtype: np.dtype,
                 data_format: str | None, lengths: list[np.ndarray]) -> dict:
-    """Append the replayed documents to the train split; what was replayed, and from how many groups
-    the cache answered (a group it lost is encoded again)."""
-    docs = tokens = reused = 0
+    """Append the replayed documents to the train split; what was replayed, and how many old groups
+    the cache answered (one it lost is encoded again, or left out when its trained text is gone)."""
     new_tokens = int(sum(d.sum() for d in lengths))
-    for whole, kept in replay.streams(new_tokens, encode, tok_sha, eos, dtype, data_format, Cache(cache_dir())):
+    streams, counts = replay.streams(new_tokens, encode, tok_sha, eos, dtype, data_format, Cache(cache_dir()))
+    docs = tokens = 0
+    for kept in streams:
         writer.add_stream(kept.tokens, kept.starts)
         allocator.trim()
         lengths.append(np.diff(np.append(kept.starts, len(kept.tokens))))
-        docs, tokens, reused = docs + len(kept.starts), tokens + len(kept.tokens), reused + whole.cache_hit
+        docs, tokens = docs + len(kept.starts), tokens + len(kept.tokens)
     log.info("replayed %d old documents (%d tokens) from %d token groups, %d of them from the cache",
-             docs, tokens, len(replay.groups), reused)
-    return {"documents": docs, "tokens": tokens, "groups": len(replay.groups), "groups_reused": reused,
-            "fraction": replay.fraction, "seed": replay.seed}
+             docs, tokens, counts["groups"], counts["groups_reused"])
+    return {"documents": docs, "tokens": tokens, **counts, "fraction": replay.fraction, "seed": replay.seed}
