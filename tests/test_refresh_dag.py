@@ -111,6 +111,18 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     _skipped(dr)
     assert _plan(dr)["resent"][0]["repeats"] == "b1" and _plan(dr)["new"] == []
 
+    # trained files re-sent under new names: nothing new to train, every task after assemble skipped;
+    # later plans drop the batch like a re-send
+    src = tmp_path / "b5" / "train"
+    src.mkdir(parents=True)
+    for i in (5, 6, 7):
+        shutil.copyfile(tmp_path / "b1" / "train" / f"f{i:03d}.py.txt", src / f"renamed{i}.py.txt")
+    _land(home, src.parent, "b5")
+    dr = refresh_dag.test()
+    states = _states(dr)
+    assert str(dr.state) == "success" and states.pop("plan") == "success" and states.pop("assemble") == "skipped"
+    assert set(states.values()) == {"skipped"}, states
+
     # a re-sent file inside a new batch is dropped as a repeat of trained data, never trained twice
     src = source(tmp_path / "b3", new_files(demo_data, 24, 3))
     shutil.copyfile(tmp_path / "b1" / "train" / "f005.py.txt", src / "train" / "again.py.txt")
@@ -119,10 +131,25 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     decision = refresh_plan.decide(load_config(TINY), b3, "plan-b3")  # as the plan task does
     assert decision.config.parent == "models:/taxiway-tiny-gpt/2"
     assert refresh_plan.decide(load_config(TINY), b3, "plan-b3") == decision  # decided once per run
+    assert "b5 dropped: every train document repeats trained data" in decision.reason
+    assert str(client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version) == "2"
     stages.prepare(decision.config, b3)
     (batch,) = assemble(decision.config, b3)["batches"]
     assert [d["document"] for d in batch["dropped_documents"]] == ["b3/train/again.py.txt"], batch
     assert batch["dropped_documents"][0]["repeats"] == "b1:train/f005.py.txt"
+    # a held-out (val/) document that repeats a trained one is not used to judge the refresh
+    src = source(tmp_path / "b4", new_files(demo_data, 27, 3))
+    (src / "val").mkdir()
+    shutil.copyfile(tmp_path / "b1" / "train" / "f005.py.txt", src / "val" / "seen.py.txt")
+    shutil.copyfile(new_files(demo_data, 50, 1)[0], src / "val" / "unseen.py.txt")
+    _land(home, src, "b4")
+    b4 = tmp_path / "plan-b4"
+    decision_b4 = refresh_plan.decide(load_config(TINY), b4, "plan-b4")
+    assert "b3 held back" in decision_b4.reason and [b["id"] for b in refresh_plan.read(b4)["new"]] == ["b4"]
+    (batch,) = assemble(decision_b4.config, b4)["batches"]
+    assert [(d["document"], d["repeats"]) for d in batch["held_out_dropped"]] == [
+        ("b4/val/seen.py.txt", "b1:train/f005.py.txt")], batch
+    assert sorted(p.name for p in (b4 / "refresh" / "data" / "fresh" / "b4" / "val").iterdir()) == ["unseen.py.txt"]
     # its replay draws on the base corpus and on b1 and b2 as version 2 packed them: all from the cache
     before = set(tokens.iterdir())
     replay = stages.tokenize(decision.config, b3).manifest()["stats"]["replay"]

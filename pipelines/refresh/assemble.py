@@ -14,8 +14,10 @@
 
 A new document that is a near-duplicate (MinHash estimate at or above
 ``preflight.overlap_jaccard``, exact copies included) of anything the champion was trained on is
-dropped and reported, never trained twice. The index of trained documents is filled from stored
-signatures (``signatures.py``): no old document is read, only new batches are signed.
+dropped and reported, never trained twice; so is a held-out document that repeats a trained one or
+one trained now (the new-data gate must judge unseen text). The index of trained documents is
+filled from stored signatures (``signatures.py``): no old document is read, only new batches are
+signed.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ from pathlib import Path
 from pipelines import manifest, storage
 from pipelines.config import DataConfig, RunConfig
 from pipelines.documents import file_format
-from pipelines.errors import BadInput, CheckFailed
+from pipelines.errors import BadInput
 from pipelines.preflight.decontaminate import filtered
-from pipelines.preflight.overlap import Signed
+from pipelines.preflight.overlap import Signed, sign_files
+from pipelines.refresh import attempts, signatures
 from pipelines.refresh import plan as refresh_plan
-from pipelines.refresh import signatures
 from pipelines.refresh.landing import MANIFEST, Batch
 from pipelines.refresh.layout import FRESH, NEW, layout
 from pipelines.run_folder import RunFolder
 from trainer import fsio
+
+
+class NothingNew(Exception):
+    """Every new document repeats trained data: the refresh has nothing to train (skipped, not failed)."""
 
 
 def _place(dest: Path, src: storage.Location) -> None:
@@ -93,6 +99,7 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
     base_root = manifest.root_of(base.manifest)
     index, signed = signatures.trained_index(cfg, _trained_sources(plan, base))
     train_entries, fresh_entries, report = [], [], []
+    pending: dict[str, tuple[storage.Location, list[manifest.Entry]]] = {}  # held-out files per batch
     shutil.rmtree(out.root, ignore_errors=True)  # an earlier try's, whole or not
     with fsio.staged_dir(out.root) as stage:
         val = [e for e in manifest.read(base.manifest) if e.split == "val"]
@@ -109,8 +116,7 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
             for e in entries:
                 rel = f"{batch.id}/{e.path}"
                 if e.path in held:
-                    _place(stage / FRESH / rel, root.join(e.path))
-                    fresh_entries.append(manifest.Entry(f"{FRESH}/{rel}", "val", e.bytes, e.sha256))
+                    pending.setdefault(batch.id, (root, []))[1].append(e)
                     continue
                 src, dest = root.join(e.path), stage / NEW / rel
                 drop = {d for d in repeats if d == e.path or d.startswith(e.path + "#")}
@@ -126,12 +132,20 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
                     fsio.write_bytes(dest, data)
                     train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", len(data), fsio.sha256_file(dest)))
                     kept.append([e.path, train_entries[-1].sha256, True])
+            if not kept:  # nothing new in it: dropped like a re-send, for this champion and the next plans
+                attempts.record_repeat(batch, plan["champion"], f"every train document repeats trained data "
+                                       f"({len(dropped)} document(s); see {RunFolder(run_dir).refresh_assembled})")
+                pending.pop(batch.id, None)
             index.add(signatures.labelled(_kept_docs(signed_batch, {k[0] for k in kept}, set(repeats)), batch.id))
             report.append({"batch": batch.id, "train_files": len(kept), "train": kept, "held_out_files": len(held),
                            "held_out_from": "val/" if own_val else "train", "dropped_documents": dropped})
+        for batch_report in report:
+            root, held_entries = pending.get(batch_report["batch"], (None, []))
+            batch_report["held_out_dropped"] = _place_fresh(cfg, index, stage, batch_report["batch"], root, held_entries,
+                                                           fresh_entries)
         if not train_entries:
-            raise CheckFailed(f"every new train document of {', '.join(b['batch'] for b in report)} repeats data the "
-                              "champion was trained on: nothing new to train on (assembled.json lists each)")
+            raise NothingNew(f"nothing to train on: every new train document of {', '.join(b['batch'] for b in report)} "
+                             "repeats data the champion was trained on (dropped as re-sends; assembled.json lists each)")
         manifest.write(stage / "manifest.jsonl", train_entries + [manifest.Entry(e.path, "val", e.bytes, e.sha256)
                                                                   for e in val])
         manifest.write(stage / "fresh.jsonl", fresh_entries)
@@ -139,6 +153,35 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
                "dropped_documents": sum(len(b["dropped_documents"]) for b in report)}
     fsio.write_json(RunFolder(run_dir).refresh_assembled, summary)
     return summary
+
+
+def _place_fresh(cfg: RunConfig, index, stage: Path, batch_id: str, root: storage.Location | None,
+                 held: list[manifest.Entry], out: list[manifest.Entry]) -> list[dict]:
+    """Place a batch's held-out files under ``fresh/``, without documents that repeat a document
+    trained on or trained now (the new data gate must judge unseen text); returns those dropped."""
+    if not held:
+        return []
+    workers = cfg.preflight.workers or os.cpu_count() or 1
+    signed = sign_files(cfg, [root.join(e.path) for e in held], root, workers)
+    hits: dict[str, tuple[str, float]] = {}
+    for other, doc, est in index.candidates(signed, cfg.preflight.overlap_jaccard)[0]:
+        if est > hits.get(doc, ("", -1.0))[1]:
+            hits[doc] = (other, est)
+    dropped = []
+    for e in held:
+        rel, src = f"{batch_id}/{e.path}", root.join(e.path)
+        drop = {d for d in hits if d == e.path or d.startswith(e.path + "#")}
+        if not drop:
+            _place(stage / FRESH / rel, src)
+            out.append(manifest.Entry(f"{FRESH}/{rel}", "val", e.bytes, e.sha256))
+            continue
+        dropped += [{"document": f"{batch_id}/{d}", "repeats": hits[d][0], "jaccard": round(hits[d][1], 3)}
+                    for d in sorted(drop)]
+        data, _ = filtered(src, file_format(src, cfg.data.format), drop, root)
+        if data is not None:
+            fsio.write_bytes(stage / FRESH / rel, data)
+            out.append(manifest.Entry(f"{FRESH}/{rel}", "val", len(data), fsio.sha256_file(stage / FRESH / rel)))
+    return dropped
 
 
 def fresh_config(cfg: RunConfig, run_dir: Path) -> RunConfig | None:

@@ -64,3 +64,26 @@ def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int) -
             if run_key not in runs:
                 runs.append(run_key)
     return Taken(kept, [b for b in left if b not in kept], quarantined)
+
+
+def _repeats_path() -> Path:
+    return taxiway_home() / "refresh" / "repeats.json"
+
+
+def record_repeat(batch: Batch, champion: str, reason: str) -> None:
+    """A batch whose every train document repeats data ``champion`` was trained on: nothing to train,
+    so later plans against the same champion drop it like a whole re-send."""
+    target = _repeats_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(target.read_text()) if target.exists() else {}
+        state[f"{batch.id} {batch.manifest_sha256} {champion}"] = reason
+        fsio.write_json(target, state)
+
+
+def repeats(batches: list[Batch], champion: str) -> dict[str, str]:
+    """Batch id → why, for the ``batches`` already found to hold nothing new for ``champion``."""
+    target = _repeats_path()
+    state = json.loads(target.read_text()) if target.exists() else {}
+    return {b.id: state[k] for b in batches if (k := f"{b.id} {b.manifest_sha256} {champion}") in state}

@@ -117,9 +117,9 @@ def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
     from pipelines.run_folder import RunFolder
     from trainer import fsio
 
-    new = [Batch(**b) for b in plan["new"]]
     assembled = json.loads(RunFolder(run_dir).refresh_assembled.read_text())
-    trained = {b["batch"]: b["train"] for b in assembled["batches"]}
+    trained = {b["batch"]: b["train"] for b in assembled["batches"] if b["train"]}
+    new = [Batch(**b) for b in plan["new"] if b["id"] in trained]  # a batch of repeats only was not trained
     ledger = Ledger(tuple(plan["ledger"])).extended(new, registered.version, trained)
     path = fsio.write_text(RunFolder(run_dir).refresh_ledger, ledger.to_json())
 

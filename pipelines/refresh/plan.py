@@ -71,8 +71,11 @@ def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
         return Decision(made["reason"], load_config(folder.config) if folder.config.exists()
                         else refresh_config(cfg, run_dir, made["champion"]))
     plan, champion, ledger, invalid = new_since_champion(cfg, run_dir)
-    taken = attempts.take(plan.new, run_key, champion, cfg.refresh.max_attempts) if champion else attempts.Taken(plan.new)
+    known = attempts.repeats(plan.new, champion) if champion else {}
+    fresh = [b for b in plan.new if b.id not in known]
+    taken = attempts.take(fresh, run_key, champion, cfg.refresh.max_attempts) if champion else attempts.Taken(fresh)
     notes = [plan.summary()] + [f"{name} invalid: {why}" for name, why in invalid] + [
+        f"{bid} dropped: {why}" for bid, why in known.items()] + [
         f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "
         f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id"
         for b, runs in taken.quarantined] + [

@@ -86,11 +86,18 @@ def refresh_plan() -> dict[str, Any] | None:
 def assemble(run: dict[str, Any]) -> dict[str, Any]:
     """The refresh's dataset: new train files without repeats of trained data, the fixed val set,
     the held-out new files."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from pipelines import stages
+    from pipelines.refresh.assemble import NothingNew
     from pipelines.refresh.assemble import assemble as build
 
     run_dir = _run_dir(run)
-    summary = build(stages.load_run_config(run_dir), run_dir)
+    try:
+        summary = build(stages.load_run_config(run_dir), run_dir)
+    except NothingNew as exc:  # every later task is skipped, as when the plan finds nothing new
+        log.info("%s", exc)
+        raise AirflowSkipException(str(exc)) from None
     for batch in summary["batches"]:
         log.info("batch %s: %d train file(s), %d held out (from %s), %d document(s) dropped as repeats of trained "
                  "data%s", batch["batch"], batch["train_files"], batch["held_out_files"], batch["held_out_from"],
