@@ -30,8 +30,8 @@ def source(root: Path, files: list[Path]) -> Path:
 
 
 def register_champion(home: Path, trained: Path | None = None) -> str:
-    """Version 1 of the tiny model as champion in the registry of ``$TAXIWAY_HOME`` (= ``home``):
-    ``trained`` (a ``make_run`` folder, copied) or one trained here."""
+    """A new champion of the tiny model in the registry of ``$TAXIWAY_HOME`` (= ``home``), as
+    ``models:/NAME/VERSION``: ``trained`` (a ``make_run`` folder, copied) or one trained here."""
     from pipelines import stages
 
     run_dir = home / "runs" / "base"
@@ -41,5 +41,6 @@ def register_champion(home: Path, trained: Path | None = None) -> str:
         shutil.copytree(trained, run_dir, symlinks=True)
     cfg = stages.load_run_config(run_dir)
     assert stages.evaluate(cfg, run_dir)["passed"]
-    assert stages.register(cfg, run_dir, "base")["alias"] == "champion"
-    return f"models:/{cfg.registry.model_name}/1"
+    registered = stages.register(cfg, run_dir, "base")
+    assert registered["alias"] == "champion", registered
+    return registered["uri"]

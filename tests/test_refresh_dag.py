@@ -32,8 +32,10 @@ def base_run(session_home: Path, demo_data: Path) -> Path:
 
 @pytest.fixture
 def champion(home: Path, base_run: Path) -> str:
-    """Version 1 of the tiny model, champion in this test's registry."""
-    return register_champion(home, base_run)
+    """Version 1 of the tiny model, champion in this test's own registry."""
+    uri = register_champion(home, base_run)
+    assert uri == "models:/taxiway-tiny-gpt/1"
+    return uri
 
 
 def _land(home: Path, src: Path, batch_id: str):

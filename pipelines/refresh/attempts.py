@@ -8,7 +8,9 @@ training, or a gate the version did not pass. Batches that never failed go first
 batch that failed before is then tried alone, so only the batch that fails by itself reaches
 ``refresh.max_attempts`` and is quarantined. Kept in ``$TAXIWAY_HOME/refresh/attempts.json`` (one
 writer at a time under a file lock, written atomically), keyed by batch id, manifest sha256 and
-the champion it was tried against (a new champion starts every count afresh).
+the champion it was tried against (a new champion starts every count afresh). Batches found to hold
+nothing new for a champion (every document repeats trained data) are kept beside it, in
+``repeats.json``, so later plans drop them like re-sends.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ class Taken:
 
 
 @contextmanager
-def _locked() -> Iterator[dict[str, list[str]]]:
-    target = path()
+def _locked(target: Path) -> Iterator[dict]:
+    """The JSON state in ``target``, read and written back (atomically) under its file lock."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -52,7 +54,7 @@ def _locked() -> Iterator[dict[str, list[str]]]:
 
 def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int) -> Taken:
     """Decide which of the new ``batches`` this run (``run_key``) tries, and record the attempt."""
-    with _locked() as state:
+    with _locked(path()) as state:
         failed = {b.id: [r for r in state.get(f"{b.id} {b.manifest_sha256} {champion}", []) if r != run_key]
                   for b in batches}
         quarantined = [(b, failed[b.id]) for b in batches if len(failed[b.id]) >= max_attempts]
@@ -73,13 +75,8 @@ def _repeats_path() -> Path:
 def record_repeat(batch: Batch, champion: str, reason: str) -> None:
     """A batch whose every train document repeats data ``champion`` was trained on: nothing to train,
     so later plans against the same champion drop it like a whole re-send."""
-    target = _repeats_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        state = json.loads(target.read_text()) if target.exists() else {}
+    with _locked(_repeats_path()) as state:
         state[f"{batch.id} {batch.manifest_sha256} {champion}"] = reason
-        fsio.write_json(target, state)
 
 
 def repeats(batches: list[Batch], champion: str) -> dict[str, str]:
