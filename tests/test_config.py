@@ -38,6 +38,12 @@ def test_every_bad_field_is_named_by_dotted_path():
     assert "train.lr" in str(err.value)
 
 
+def test_a_bad_refresh_cron_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"refresh.cron.*'every day' is not a cron expression"):
+        load_config(TINY, ["refresh.cron=every day"])
+    assert load_config(TINY, ["refresh.cron=0 */6 * * *"]).refresh.cron == "0 */6 * * *"
+
+
 def test_cross_field_rules(tmp_path: Path):
     with pytest.raises(ConfigError, match="seq_len"):
         load_config(TINY, ["pack.seq_len=4096"])

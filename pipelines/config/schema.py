@@ -9,7 +9,7 @@ import hashlib
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipelines.config.base import Fraction, PositiveInt, Section
 from pipelines.config.kubernetes import KubernetesConfig
@@ -201,6 +201,16 @@ class RefreshConfig(Section):
     landing: str | None = Field(
         None, description="Landing zone of new data batches (local path or fsspec URI); unset = no refresh")
     cron: str = Field("0 3 * * *", min_length=1, description="When the refresh looks for new batches (UTC cron)")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_parses(cls, value: str) -> str:
+        """A bad cron is refused here, naming the field, not later as a DAG import error."""
+        from croniter import croniter
+
+        if not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a cron expression (five fields, e.g. '0 3 * * *')")
+        return value
     steps: PositiveInt = Field(200, description="Optimizer steps a refresh trains past the champion's global step")
     warmup_steps: Annotated[int, Field(ge=0)] = Field(
         20, description="Re-warmup from the champion's final LR up to train.lr, then decay to train.min_lr")
