@@ -121,24 +121,34 @@ def trainer_spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
 
 
 def parent_checkpoint(cfg: RunConfig, weights: Path) -> Path | None:
-    """The parent's full checkpoint (optimizer state too) when the run folder it was trained in
-    (its version's ``taxiway.run_dir``) still holds a valid one at the step its weights were
-    exported from; else None, and training continues from the weights alone. Either way it is logged."""
+    """The parent's full checkpoint (optimizer state too) at the step its weights were exported from:
+    from the run folder it was trained in (its version's ``taxiway.run_dir``) while that still holds
+    it, else the copy logged with the version (``registry.log_checkpoint``); else None, and training
+    continues from the weights alone. Either way it is logged."""
     from pipelines import registry
     from trainer import checkpoint
 
     mv = registry.resolve_version(cfg.parent, cfg.registry)
     tags = mv.tags or {}
     origin = tags.get("taxiway.run_dir")
-    newest = checkpoint.latest_valid(RunFolder(Path(origin)).checkpoints) if origin else None
     exported = json.loads((weights / "model.json").read_text()).get("global_step")
-    meta = json.loads((newest / "meta.json").read_text()) if newest is not None else {}
-    if (meta.get("global_step") == exported and meta.get("format") == checkpoint.FORMAT
-            and meta.get("config_sha256") == tags.get("taxiway.config_sha256")):  # the run that made this version
-        log.info("continuing %s from its full checkpoint %s (weights and optimizer state)", cfg.parent, newest)
-        return newest
-    log.info("continuing %s from its weights only (optimizer state starts fresh): %s", cfg.parent,
-             f"no valid checkpoint at step {exported} left in {origin}" if origin else "its version names no run folder")
+
+    def made_this_version(path: Path | None) -> bool:
+        meta = json.loads((path / "meta.json").read_text()) if path is not None else {}
+        return (meta.get("global_step") == exported and meta.get("format") == checkpoint.FORMAT
+                and meta.get("config_sha256") == tags.get("taxiway.config_sha256"))
+
+    sources = (("its run folder", lambda: checkpoint.at_step(RunFolder(Path(origin)).checkpoints, exported)
+                if origin and isinstance(exported, int) else None),
+               ("the checkpoint logged with it", lambda: registry.download_checkpoint(
+                   mv, weights.with_name(f"{weights.name}-checkpoint"), cfg.registry)))
+    for where, find in sources:
+        if made_this_version(path := find()):
+            log.info("continuing %s from its full checkpoint (weights and optimizer state), from %s: %s",
+                     cfg.parent, where, path)
+            return path
+    log.info("continuing %s from its weights only (optimizer state starts fresh): no valid checkpoint of step %s "
+             "in its run folder (%s) nor logged with it", cfg.parent, exported, origin or "none recorded")
     return None
 
 
@@ -316,7 +326,9 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     """Log and register the model (idempotent per ``run_key``), then move ``champion`` or
     ``challenger`` to it. This stage owns re-evaluation: when the champion moved since the model
     was evaluated, it is evaluated again against the new champion and promotion is tried again, at
-    most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``."""
+    most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``.
+    A refresh is not re-evaluated: it continues its parent, so a champion that is no longer that
+    parent leaves it ``challenger`` and its batches new to the champion's next refresh."""
     from pipelines import registry
     from pipelines.refresh import ledger
     from pipelines.refresh import plan as refresh_plan
@@ -327,6 +339,8 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str
     if (plan := refresh_plan.of_run(run_dir)) is not None:
         ledger.record(reg, registered, run_dir, plan)
     outcome = registry.promote(reg, registered.version, report)
+    if plan is not None and isinstance(outcome, registry.ChampionMoved):
+        outcome = registry.set_challenger(reg, registered.version, refresh_plan.parent_moved(plan, outcome))
     for attempt in range(1, reg.max_reevaluations + 1):
         if not isinstance(outcome, registry.ChampionMoved):
             break

@@ -162,8 +162,9 @@ def test_the_ledger_plans_new_batches_and_drops_resent_ones(tmp_path: Path):
 
 
 def test_a_versions_ledger_is_read_from_the_registry_alone(tmp_path: Path):
-    """A version with ``refresh/ledger.json`` on its run answers which batches it was trained on; one
-    without (trained from scratch) has an empty ledger; a damaged ledger names the version."""
+    """A version with ``refresh/ledger.json`` on its run answers which batches it was trained on and
+    the corpus its lineage started from; one without (trained from scratch) has no batches and its own
+    training data (its run's ``data.*`` params) as base; a damaged ledger names the version."""
     from pipelines import registry
     from pipelines.refresh import ledger as ledgers
 
@@ -172,14 +173,19 @@ def test_a_versions_ledger_is_read_from_the_registry_alone(tmp_path: Path):
     (b1,) = _batches(zone, tmp_path, "b1")
     c.create_registered_model("m")
     versions = []
-    for text in (None, ledgers.Ledger().extended([b1], "2").to_json(), "{not json"):
+    base = {"train": "/corpus/train", "val": "/corpus/val", "manifest": "/corpus/manifest.jsonl", "format": None}
+    for text in (None, ledgers.Ledger(base=base).extended([b1], "2").to_json(), "{not json"):
         run = c.create_run(c.create_experiment(f"e{len(versions)}")).info.run_id
-        if text is not None:
+        if text is None:
+            for key, value in base.items():
+                c.log_param(run, f"data.{key}", str(value))
+        else:
             (tmp_path / "ledger.json").write_text(text)
             c.log_artifact(run, str(tmp_path / "ledger.json"), "refresh")
         versions.append(c.create_model_version("m", f"runs:/{run}/model", run_id=run))
-    assert ledgers.of_version(c, versions[0], tmp_path / "d0") == ledgers.Ledger()
-    assert [b["id"] for b in ledgers.of_version(c, versions[1], tmp_path / "d1").batches] == ["b1"]
+    assert ledgers.of_version(c, versions[0], tmp_path / "d0") == ledgers.Ledger(base=base)
+    refreshed = ledgers.of_version(c, versions[1], tmp_path / "d1")
+    assert [b["id"] for b in refreshed.batches] == ["b1"] and refreshed.base == base
     with pytest.raises(ledgers.LedgerError, match="models:/m/3 refresh/ledger.json: not a Taxiway ledger"):
         ledgers.of_version(c, versions[2], tmp_path / "d2")
 
@@ -202,7 +208,8 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
 
     c, name = registry.client(), cfg.registry.model_name
     run = c.create_run(c.create_experiment("refresh")).info.run_id
-    (tmp_path / "ledger.json").write_text(ledgers.Ledger().extended([b1], "1").to_json())
+    base = {"train": "/lineage/train", "val": "/lineage/val", "manifest": "/lineage/manifest.jsonl", "format": "txt"}
+    (tmp_path / "ledger.json").write_text(ledgers.Ledger(base=base).extended([b1], "1").to_json())
     c.log_artifact(run, str(tmp_path / "ledger.json"), "refresh")
     c.create_registered_model(name)
     mv = c.create_model_version(name, f"runs:/{run}/model", run_id=run)
@@ -214,6 +221,7 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
     written = json.loads((tmp_path / "run1" / "refresh" / "plan.json").read_text())
     assert [b["id"] for b in written["new"]] == ["b2"] and written["resent"][0]["repeats"] == "b1"
     assert "b1-again dropped: same manifest as already trained batch b1" in written["reason"]
+    assert written["base_data"] == base  # the lineage's corpus, not the deployment config's data section
     assert decision.config.data.manifest == str(tmp_path / "run1" / "refresh" / "data" / "manifest.jsonl")
     assert decision.config.train.steps == cfg.refresh.steps and decision.config.train.rewarmup_steps == cfg.refresh.warmup_steps
 

@@ -179,3 +179,63 @@ def test_a_failing_batch_is_not_consumed_and_is_quarantined_after_its_attempts(r
     (quarantined,) = _plan(dr)["quarantined"]
     assert quarantined["id"] == "bad" and len(quarantined["attempts"]) == 1
     assert "bad quarantined: it took part in 1 failed refresh(es)" in _plan(dr)["reason"]
+
+
+def test_a_refresh_decontaminates_and_stays_challenger_once_the_champion_left_its_parent(champion, home: Path,
+                                                                                          demo_data: Path,
+                                                                                          tmp_path: Path):
+    """``preflight.action: decontaminate`` in a refresh drops the fixed val document a new batch copies
+    and goes on; the refresh is judged against its parent, and when the alias has left that parent
+    (removed, or moved to another version) by registration it stays ``challenger``."""
+    from pipelines import stages
+    from pipelines.config import load_config
+    from pipelines.refresh import plan as refresh_plan
+    from pipelines.refresh.assemble import assemble
+    from pipelines.registry import client
+
+    leaked = sorted((demo_data / "val").iterdir())[0]
+    src = source(tmp_path / "leak", new_files(demo_data, 0, 36))
+    shutil.copyfile(leaked, src / "train" / "leak.py.txt")
+    _land(home, src, "leak")
+    run = tmp_path / "run"
+    cfg = refresh_plan.decide(load_config(TINY, ["preflight.action=decontaminate"]), run, "leak-run").config
+    stages.prepare(cfg, run)
+    assemble(cfg, run)
+    gate = stages.preflight(cfg, run)
+    dropped = gate.decontamination["dropped"]
+    assert gate.passed and len(dropped) == 1 and leaked.name in dropped[0], gate.decontamination
+    stages.tokenize(cfg, run)
+    stages.train(cfg, run)
+    (loaded,) = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+                 if e["event"] == "parent_loaded"]
+    assert loaded["optimizer_state"] is None  # version 1 was trained in-process: no full checkpoint anywhere
+    report = stages.evaluate(cfg, run)
+    assert report["baseline"]["kind"] == "parent" and report["baseline"]["uri"] == champion
+    assert report["passed"], report["reason"]
+
+    c, name = client(), "taxiway-tiny-gpt"
+    c.delete_registered_model_alias(name, "champion")
+    result = stages.register(cfg, run, "leak-run")
+    assert result["alias"] == "challenger", result
+    assert f"continues {champion}, but no version holds the champion alias now" in result["reason"]
+    v1 = c.get_model_version(name, "1")
+    other = c.create_model_version(name, v1.source, run_id=v1.run_id)
+    c.set_registered_model_alias(name, "champion", other.version)
+    result = stages.register(cfg, run, "leak-run")
+    assert result["alias"] == "challenger" and f"models:/{name}/{other.version} holds the champion alias" in result["reason"]
+    assert str(c.get_model_version_by_alias(name, "champion").version) == str(other.version)
+    ledger = json.loads(Path(c.download_artifacts(result["run_id"], "refresh/ledger.json", str(tmp_path / "l"))).read_text())
+    # the refresh's full checkpoint is logged with its version: a child continues it from its run
+    # folder while that holds it, and from the logged copy once the folder is gone
+    from pipelines.run_folder import RunFolder
+    from trainer import checkpoint
+
+    child = cfg.model_copy(update={"parent": f"models:/{name}/{result['version']}"})
+    weights = stages.parent_weights(child, tmp_path / "child")
+    assert stages.parent_checkpoint(child, weights) == RunFolder(run).checkpoints / "step-00000190"
+    shutil.rmtree(RunFolder(run).checkpoints)
+    logged = stages.parent_checkpoint(child, weights)
+    assert logged == weights.with_name(f"{weights.name}-checkpoint") and checkpoint.is_valid(logged) == (True, "ok")
+    trained_on = c.get_run(v1.run_id).data.params  # the lineage's corpus, as the champion's run logged it
+    assert ledger["base"] == {**{k: trained_on[f"data.{k}"] for k in ("train", "val", "manifest")}, "format": None}
+

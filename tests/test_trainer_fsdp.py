@@ -69,6 +69,34 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
     assert all(r["loss"] is not None for r in read_jsonl(bf16 / "metrics.jsonl"))
 
 
+def test_a_parents_optimizer_state_is_handed_on_to_every_rank_under_ddp_and_fsdp(corpus, tmp_path: Path):
+    """On 2 ranks a parent's full checkpoint is loaded as on one: the first step's loss is the same
+    with or without it, the step after differs (Adam's moments came from the parent), and DDP and
+    FSDP children continuing it train alike."""
+    cfg, packed = corpus
+    parent = tmp_path / "parent"
+    finish_gang(submit_gang(with_overrides(cfg, train={"steps": 8}), packed, parent))
+    full = parent / "checkpoints" / "step-00000008"
+    runs = {(parallel, kind): tmp_path / f"{parallel}-{kind}" for parallel in ("ddp", "fsdp") for kind in ("weights", "full")}
+    running = []
+    for (parallel, kind), run in runs.items():
+        child = with_overrides(cfg, train={"steps": 4, "rewarmup_steps": 2, "parallel": parallel})
+        child = child.model_copy(update={"parent": "models:/x/1"})
+        running.append(submit_gang(child, packed, run, parent=(parent / "model", full if kind == "full" else None)))
+    for h in running:
+        finish_gang(h)
+    curves = {key: read_jsonl(run / "metrics.jsonl") for key, run in runs.items()}
+    for parallel in ("ddp", "fsdp"):
+        weights_only, continued = curves[(parallel, "weights")], curves[(parallel, "full")]
+        assert weights_only[0]["loss"] == pytest.approx(continued[0]["loss"], abs=1e-6)
+        assert weights_only[1]["loss"] != pytest.approx(continued[1]["loss"], abs=1e-6)
+        (loaded,) = events(runs[(parallel, "full")], "parent_loaded")
+        assert loaded["optimizer_state"] == str(full) and loaded["global_step"] == 8
+    assert [r["step"] for r in curves[("fsdp", "full")]] == [9, 10, 11, 12]
+    for d, f in zip(curves[("ddp", "full")], curves[("fsdp", "full")], strict=True):
+        assert d["loss"] == pytest.approx(f["loss"], abs=1e-4)
+
+
 def test_fsdp_snapshot_shares_no_tensor_with_live_training(tmp_path: Path):
     """The async writer serializes the snapshot while training goes on: a tensor still shared with
     the live model or optimizer (FSDP returns Adam's ``step`` counters as they are) would be written

@@ -73,9 +73,13 @@ def one_rank_spec(cfg, packed: Path, run_dir: Path) -> TrainSpec:
     return dataclasses.replace(TrainSpec.load(write_trainer_spec(cfg, run_dir, packed)), world_size=1)
 
 
-def submit_gang(cfg, packed: Path, run_dir: Path, **env: str) -> local.Handle:
-    """A local gang for ``cfg`` with extra environment (e.g. ``TAXIWAY_TEST_*`` fault hooks)."""
-    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
+def submit_gang(cfg, packed: Path, run_dir: Path, parent: tuple[Path, Path | None] | None = None,
+                **env: str) -> local.Handle:
+    """A local gang for ``cfg`` with extra environment (e.g. ``TAXIWAY_TEST_*`` fault hooks), continuing
+    ``parent`` (its weights folder, and its full checkpoint or None) when given."""
+    weights, full = parent or (None, None)
+    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed, parent_weights=weights,
+                                                        parent_checkpoint=full))
     return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
 
 

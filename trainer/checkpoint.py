@@ -168,6 +168,12 @@ def latest_valid(root: Path) -> Path | None:
     return None
 
 
+def at_step(root: Path, step: int) -> Path | None:
+    """The valid checkpoint of global step ``step`` (e.g. the one a model was exported from), or None."""
+    path = step_dir(root, step)
+    return path if path.is_dir() and is_valid(path)[0] else None
+
+
 def load(path: Path, rank: int) -> dict[str, Any]:
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("format") != FORMAT:

@@ -193,6 +193,9 @@ class RegistryConfig(Section):
         300.0, gt=0.0, description="Longest wait for the champion lock; then registration fails (and may be retried)")
     max_reevaluations: Annotated[int, Field(ge=0, le=10)] = Field(
         3, description="Re-evaluations against a champion that moved while this run was being evaluated")
+    log_checkpoint: bool = Field(
+        True, description="Log the final full checkpoint (optimizer state too) with the model, so a refresh can "
+                          "continue it after the run folder is gone; costs about 3x the weights in artifact storage")
 
 
 class RefreshConfig(Section):

@@ -48,6 +48,11 @@ def _token(url: str) -> str:
         raise NotAnnounced(f"could not log in to {url}/auth/token as {os.environ[USER]}: {exc}") from None
 
 
+def event_extra(batch: Batch) -> dict[str, Any]:
+    """What an asset event of the landing zone says about the batch it announces."""
+    return {"batch_id": batch.id, "manifest_sha256": batch.manifest_sha256, "files": batch.files}
+
+
 def announce(batch: Batch, landing: str) -> dict[str, Any]:
     """Post the asset event (``extra`` names the batch); returns what Airflow recorded."""
     import airflow_client.client as af
@@ -62,8 +67,8 @@ def announce(batch: Batch, landing: str) -> dict[str, Any]:
         if not match:
             raise NotAnnounced(f"Airflow at {url} knows no asset {uri}: is taxiway_refresh parsed with "
                                f"refresh.landing = {landing}?")
-        event = af.AssetApi(api).create_asset_event(af.CreateAssetEventsBody(asset_id=match[0].id, extra={
-            "batch_id": batch.id, "manifest_sha256": batch.manifest_sha256, "files": batch.files}))
+        event = af.AssetApi(api).create_asset_event(af.CreateAssetEventsBody(asset_id=match[0].id,
+                                                                             extra=event_extra(batch)))
     except af.ApiException as exc:
         raise NotAnnounced(f"Airflow at {url} refused the asset event for {uri}: HTTP {exc.status} {exc.reason}") from None
     except (OSError, HTTPError) as exc:

@@ -20,6 +20,7 @@ from pipelines.refresh.landing import Batch
 
 ARTIFACT = "refresh/ledger.json"
 BATCHES_TAG = "taxiway.refresh.batches"
+BASE_KEYS = ("train", "val", "manifest")
 
 
 class LedgerError(BadInput):
@@ -47,6 +48,7 @@ class Ledger:
     """Batches in a model's lineage, oldest first: ``{"id", "manifest_sha256", "version"}``."""
 
     batches: tuple[dict[str, str], ...] = ()
+    base: dict[str, Any] | None = None  # the data section the lineage's first version was trained on
 
     def plan(self, landed: list[Batch]) -> Plan:
         """Split the landed batches: new ones, re-sends (same manifest under another id, never
@@ -69,25 +71,28 @@ class Ledger:
         """Add ``new`` as trained first by ``version``; ``trained`` (batch id → the train files it
         packed, ``[path, sha256, filtered]``) lets later refreshes replay exactly those."""
         return Ledger((*self.batches, *({**b.ref(), "version": version, "train": (trained or {}).get(b.id, [])}
-                                        for b in new)))
+                                        for b in new)), self.base)
 
     def to_json(self) -> str:
-        return json.dumps({"batches": list(self.batches)}, indent=1) + "\n"
+        return json.dumps({"base": self.base, "batches": list(self.batches)}, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Ledger:
         try:
-            rows = json.loads(data.decode("utf-8"))["batches"]
+            doc = json.loads(data.decode("utf-8"))
+            rows, base = doc["batches"], doc.get("base")
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
             raise LedgerError(f"{where}: not a Taxiway ledger (JSON with a 'batches' list)") from None
         if not isinstance(rows, list):
             raise LedgerError(f"{where}: 'batches' is not a list")
+        if base is not None and not (isinstance(base, dict) and all(isinstance(base.get(k), str) for k in BASE_KEYS)):
+            raise LedgerError(f"{where}: 'base' is not a data section with {', '.join(BASE_KEYS)}")
         for i, row in enumerate(rows):
             bad = [k for k in ("id", "manifest_sha256", "version") if not isinstance(row, dict) or not isinstance(row.get(k), str)]
             if bad:
                 raise LedgerError(f"{where}: batches[{i}].{bad[0]} missing or not a string")
         return cls(tuple({**{k: row[k] for k in ("id", "manifest_sha256", "version")}, "train": row.get("train", [])}
-                         for row in rows))
+                         for row in rows), base)
 
 
 def tags(new: list[Batch]) -> dict[str, str]:
@@ -96,17 +101,27 @@ def tags(new: list[Batch]) -> dict[str, str]:
 
 
 def of_version(c: Any, mv: Any, dest: Path) -> Ledger:
-    """The ledger of a registered model version (``mv``), read from its run's artifact; empty for
-    a version that no refresh made."""
+    """The ledger of a registered model version (``mv``), read from its run's artifact; for a version
+    that no refresh made, no batches and the data it was trained on (its run's ``data.*`` params) as base."""
     from mlflow.exceptions import MlflowException
 
-    if not mv.run_id or ARTIFACT not in {a.path for a in c.list_artifacts(mv.run_id, "refresh")}:
+    if not mv.run_id:
         return Ledger()
+    if ARTIFACT not in {a.path for a in c.list_artifacts(mv.run_id, "refresh")}:
+        return Ledger(base=trained_data(c.get_run(mv.run_id).data.params))
     try:
         local = c.download_artifacts(mv.run_id, ARTIFACT, str(dest))
     except MlflowException as exc:
         raise LedgerError(f"models:/{mv.name}/{mv.version}: cannot read {ARTIFACT} ({exc})") from None
     return Ledger.from_json(Path(local).read_bytes(), f"models:/{mv.name}/{mv.version} {ARTIFACT}")
+
+
+def trained_data(params: dict[str, str]) -> dict[str, Any] | None:
+    """The data section a run logged as params (``data.train`` …), or None when it logged none."""
+    if not all(f"data.{k}" in params for k in BASE_KEYS):
+        return None
+    fmt = params.get("data.format", "None")
+    return {**{k: params[f"data.{k}"] for k in BASE_KEYS}, "format": None if fmt == "None" else fmt}
 
 
 def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
@@ -120,7 +135,7 @@ def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
     assembled = json.loads(RunFolder(run_dir).refresh_assembled.read_text())
     trained = {b["batch"]: b["train"] for b in assembled["batches"] if b["train"]}
     new = [Batch(**b) for b in plan["new"] if b["id"] in trained]  # a batch of repeats only was not trained
-    ledger = Ledger(tuple(plan["ledger"])).extended(new, registered.version, trained)
+    ledger = Ledger(tuple(plan["ledger"]), plan["base_data"]).extended(new, registered.version, trained)
     path = fsio.write_text(RunFolder(run_dir).refresh_ledger, ledger.to_json())
 
     def write() -> None:

@@ -5,6 +5,7 @@ config (the deployment's config continued from the champion on the refresh's own
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from pipelines.refresh.layout import layout
 from pipelines.refresh.ledger import Ledger, Plan, of_version
 from pipelines.run_folder import RunFolder
 from trainer import fsio
+
+log = logging.getLogger("taxiway.refresh")
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,28 @@ def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None,
     return ledger.plan(batches), uri, ledger, invalid
 
 
+def base_data(cfg: RunConfig, ledger: Ledger, champion: str | None) -> dict:
+    """The corpus the champion's lineage started from (replayed and indexed as trained), as its
+    ledger records it; the deployment's ``data`` section only for a lineage that recorded none."""
+    if ledger.base is not None:
+        return ledger.base
+    if champion is not None:
+        log.warning("%s records no base corpus (registered before Taxiway kept one): taking the config's "
+                    "data section (%s) as what it was trained on", champion, cfg.data.manifest)
+    return cfg.data.model_dump(mode="json")
+
+
 def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
     """The deployment's config, continued from ``champion`` for ``refresh.steps`` with a short
-    re-warmup, on the dataset ``assemble`` builds in the run folder."""
+    re-warmup, on the dataset ``assemble`` builds in the run folder, judged against that parent
+    version itself (not whatever holds the alias when it is evaluated)."""
     data, r = layout(cfg, run_dir), cfg.refresh
     return cfg.model_copy(update={
         "parent": champion,
         "data": cfg.data.model_copy(update={"train": str(data.train), "val": str(data.val),
                                             "manifest": str(data.manifest)}),
         "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps}),
-        "eval": cfg.eval.model_copy(update={"baseline": "champion"}),
+        "eval": cfg.eval.model_copy(update={"baseline": "parent"}),
     })
 
 
@@ -95,7 +110,7 @@ def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
         "changed": [asdict(b) for b in plan.changed], "held": [asdict(b) for b in taken.held],
         "quarantined": [{**asdict(b), "attempts": runs} for b, runs in taken.quarantined],
         "invalid": [{"folder": name, "reason": why} for name, why in invalid],
-        "base_data": cfg.data.model_dump(mode="json"), "reason": reason})
+        "base_data": base_data(cfg, ledger, champion), "reason": reason})
     return Decision(reason, run_cfg)
 
 
@@ -111,6 +126,13 @@ def of_run(run_dir: Path) -> dict | None:
         return None
     plan = json.loads(path.read_text())
     return plan if plan["new"] else None
+
+
+def parent_moved(plan: dict, moved) -> str:
+    """Why a refresh that passed against its parent stays ``challenger``: the alias left the parent."""
+    now = f"models:/{moved.model_name}/{moved.found}" if moved.found else "no version"
+    return (f"not promoted: this refresh continues {plan['champion']}, but {now} holds the champion alias now; "
+            f"its batches stay new to the champion, whose next refresh trains on them")
 
 
 def batches(plan: dict) -> list[landing.Batch]:

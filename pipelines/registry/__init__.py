@@ -35,6 +35,7 @@ from pipelines.registry.client import (
     RegistryUnavailable,
     client,
     download,
+    download_checkpoint,
     fetch_model,
     parse_models_uri,
     redacted,
@@ -56,6 +57,6 @@ from pipelines.registry.runs import (
 
 __all__ = ["CHAMPION_TAG", "LIVE_TAG", "RUN_KEY_TAG", "WEIGHTS_TAG", "Baseline", "ChampionMissing", "ChampionMoved",
            "LockTimeout", "ModelNotFound", "Outcome", "Registered", "RegistryUnavailable", "champion_lock", "client",
-           "code_version", "current_champion", "download", "fetch_model", "last_record", "lineage", "new_records",
+           "code_version", "current_champion", "download", "download_checkpoint", "fetch_model", "last_record", "lineage", "new_records",
            "open_run", "parse_models_uri", "promote", "record_reevaluation", "redacted", "register",
            "resolve_baseline", "resolve_version", "set_challenger", "ship", "shipped_offset", "with_retries"]

@@ -191,3 +191,37 @@ def fetch_model(uri: str, reg: RegistryConfig | None = None) -> tuple[Path, str 
         return Path(uri), None
     mv = resolve_version(uri, reg)
     return download(mv, Cache(cache_dir()).models, reg), (mv.tags or {}).get(WEIGHTS_TAG)
+
+
+CHECKPOINT_ARTIFACT = "checkpoint"
+
+
+def download_checkpoint(mv, dest: Path, reg: RegistryConfig) -> Path | None:
+    """The full checkpoint logged with the version (``registry.log_checkpoint``), as ``dest``, or
+    None when it has none or the copy fails its checksums. Staged and renamed like ``download``."""
+    from mlflow.exceptions import MlflowException
+
+    from trainer import checkpoint
+
+    if (dest / "checksums.json").is_file():
+        return dest
+    c = client()
+    if not mv.run_id or not with_retries(reg, "list the checkpoint", lambda: c.list_artifacts(mv.run_id, CHECKPOINT_ARTIFACT)):
+        return None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=dest.parent))
+    try:
+        try:
+            got = Path(with_retries(reg, "download the checkpoint",
+                                    lambda: c.download_artifacts(mv.run_id, CHECKPOINT_ARTIFACT, str(tmp))))
+        except (MlflowException, OSError) as exc:
+            raise Transient(f"models:/{mv.name}/{mv.version}: its checkpoint cannot be downloaded ({exc})") from None
+        ok, why = checkpoint.is_valid(got)
+        if not ok:
+            log.warning("models:/%s/%s: the logged checkpoint is unusable (%s)", mv.name, mv.version, why)
+            return None
+        os.rename(got, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+

@@ -150,6 +150,14 @@ def artifacts(run_dir: Path) -> list[tuple[Path, str]]:
     return [(path, dest) for path, dest in wanted if path.exists()]
 
 
+def final_checkpoint(run_dir: Path) -> Path | None:
+    """The valid checkpoint the run's model was exported from (None once pruned or never written)."""
+    from trainer import checkpoint
+
+    step = json.loads((RunFolder(run_dir).model / "model.json").read_text()).get("global_step")
+    return checkpoint.at_step(RunFolder(run_dir).checkpoints, step) if isinstance(step, int) else None
+
+
 def eval_artifacts(run_dir: Path) -> list[tuple[Path, str]]:
     folder = RunFolder(run_dir).eval
     return [(folder / name, "eval") for name in ("report.json", "report.md", "comparison.png", "per_unit.csv")

@@ -22,7 +22,7 @@ from typing import Any
 from pipelines.config import RegistryConfig, RunConfig
 from pipelines.registry import lineage
 from pipelines.registry import metrics as live_metrics
-from pipelines.registry.client import client, with_retries
+from pipelines.registry.client import CHECKPOINT_ARTIFACT, client, with_retries
 from pipelines.run_folder import RunFolder, mlflow_artifact_root, mlflow_tracking_uri
 
 RUN_KEY_TAG = "taxiway.run_key"
@@ -176,6 +176,8 @@ def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str
     for path, dest in lineage.artifacts(run_dir):
         c.log_artifact(run_id, str(path), artifact_path=dest)
     c.log_artifacts(run_id, str(RunFolder(run_dir).model), artifact_path="model")
+    if cfg.registry.log_checkpoint and (final := lineage.final_checkpoint(run_dir)) is not None:
+        c.log_artifacts(run_id, str(final), artifact_path=CHECKPOINT_ARTIFACT)
     c.set_terminated(run_id)
     return run_id
 
