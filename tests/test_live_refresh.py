@@ -1,7 +1,8 @@
 """``taxiway_refresh`` on a live Airflow: a batch landed with ``taxiway land`` is announced to the
 api-server as an asset event (the official ``apache-airflow-client``), the scheduler creates the
-refresh run from it, and the run continues the champion into a new champion. With nothing new, a
-refresh run skips everything after its plan."""
+refresh run from it, and the run continues the champion into a new champion; a batch landed by
+``taxiway_land`` (another DAG whose outlet is the landing asset) starts the next refresh. With
+nothing new, a refresh run skips everything after its plan."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
         "TAXIWAY_AIRFLOW_USERNAME": "admin", "TAXIWAY_AIRFLOW_PASSWORD": live.password})
     assert "announced: asset event" in landed.stdout, landed.stdout
 
-    def asset_run():
-        runs = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"run_type": "asset_triggered"}).json()["dag_runs"]
-        return runs[0] if runs else None
+    def asset_run(seen: int = 0):
+        runs = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"run_type": "asset_triggered",
+                                                                  "order_by": "logical_date"}).json()["dag_runs"]
+        return runs[seen] if len(runs) > seen else None
 
     run = wait_for("the scheduler to create a refresh run from the asset event", asset_run, 120, every_s=1)
     run = live.wait_run(DAG, run["dag_run_id"], timeout_s=600)
@@ -62,3 +64,20 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     events = live.api.get("/api/v2/assets/events", params={"limit": 10}).json()["asset_events"]
     assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
     assert json.loads(Path(os.environ["TAXIWAY_HOME"], "refresh", "attempts.json").read_text())
+
+    # another DAG's outlet: taxiway_land, triggered over REST, lands b2; its success starts the next refresh
+    live.wait_dag("taxiway_land")
+    live.unpause("taxiway_land")
+    src = source(live.taxiway_home / "incoming" / "b2", new_files(live.taxiway_home / "demo-data", 30, 24))
+    resp = live.trigger("taxiway_land", {"source": str(src), "batch_id": "b2"})
+    assert resp.status_code == 200, resp.text
+    assert live.wait_run("taxiway_land", resp.json()["dag_run_id"], timeout_s=120)["state"] == "success"
+    run = wait_for("the scheduler to create a refresh run from taxiway_land's outlet", lambda: asset_run(1), 120,
+                   every_s=1)
+    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=600)
+    assert run["state"] == "success", live.task_instances(DAG, run["dag_run_id"])
+    ran = [k for k, ti in live.task_instances(DAG, run["dag_run_id"]).items() if ti["state"] == "success"]
+    assert "register.model_version" in ran, ran
+    print(f"refresh run {run['dag_run_id']} (from taxiway_land's outlet) took {_seconds(run):.1f}s")
+    batches = {v.tags.get("taxiway.refresh.batches") for v in client().search_model_versions("name = 'taxiway-tiny-gpt'")}
+    assert "b2" in batches, batches

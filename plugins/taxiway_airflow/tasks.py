@@ -83,6 +83,34 @@ def refresh_plan() -> dict[str, Any] | None:
 
 @task(retries=2, **RETRY)
 @translated
+def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
+    """Land the folder ``source`` as a batch of the deployment's landing zone; the task's outlet (the
+    landing asset, set by the DAG) is what starts ``taxiway_refresh``. A retry after the batch
+    landed finds it complete and announces it again instead of landing it twice."""
+    from pipelines.config import load_config
+    from pipelines.refresh import landing
+    from pipelines.refresh.announce import event_extra
+    from pipelines.roots import Roots
+    from taxiway_airflow.params import default_config_path
+    from taxiway_airflow.refresh import landing_asset
+
+    ctx = get_current_context()
+    roots = Roots.from_env()
+    zone = load_config(roots.config_file(default_config_path())).refresh.landing
+    if not zone:
+        raise landing.LandingError("refresh.landing: not set in the deployment's config; nowhere to land")
+    roots.check_data({"source": source})
+    batch_id = batch_id or ctx["run_id"].replace(":", "").replace("+", "")
+    earlier = [b for b in landing.scan(zone)[0] if b.id == batch_id] if ctx["ti"].try_number > 1 else []
+    batch = earlier[0] if earlier else landing.land(source, zone, batch_id)
+    log.info("batch %s %s in %s: %d file(s), manifest sha256 %s", batch.id, "was landed by an earlier try" if earlier
+             else "landed", zone, batch.files, batch.manifest_sha256)
+    ctx["outlet_events"][landing_asset(zone)].extra = event_extra(batch)
+    return event_extra(batch)
+
+
+@task(retries=2, **RETRY)
+@translated
 def assemble(run: dict[str, Any]) -> dict[str, Any]:
     """The refresh's dataset: new train files without repeats of trained data, the fixed val set,
     the held-out new files."""
