@@ -5,7 +5,6 @@ finishing together, the locks, a deleted champion, an unreachable or briefly abs
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import re
@@ -19,58 +18,23 @@ import uuid
 from pathlib import Path
 
 import pytest
+from postgres import create_db, drop_db, fresh_db, pg_uri
 from trained_models import clone_run, make_run
 
 from conftest import REPO, taxiway
-
-PG = {"host": "127.0.0.1", "port": 5432, "dbname": "test", "connect_timeout": 3}
-
-
-def _pg_admin():
-    import psycopg2
-
-    conn = psycopg2.connect(**PG)
-    conn.autocommit = True
-    return conn
-
-
-def _create_db(name: str) -> None:
-    admin = _pg_admin()
-    admin.cursor().execute(f"CREATE DATABASE {name}")
-    admin.close()
-
-
-def _drop_db(name: str) -> None:
-    admin = _pg_admin()
-    cur = admin.cursor()
-    cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-    cur.execute(f"DROP DATABASE IF EXISTS {name}")
-    admin.close()
-
-
-def _pg_uri(db: str) -> str:
-    return f"postgresql+psycopg2://{os.environ.get('PGUSER') or getpass.getuser()}@127.0.0.1:5432/{db}"
 
 
 @pytest.fixture(scope="session")
 def postgres_db():
     """A database of its own for this test session, dropped at the end."""
-    import psycopg2
-
-    try:
-        _pg_admin().close()
-    except psycopg2.OperationalError as exc:  # a failure, not a skip: CI must not go green without it
-        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is unreachable; the PostgreSQL backend tests need it: {exc}")
-    name = f"taxiway_test_{uuid.uuid4().hex[:12]}"
-    _create_db(name)
-    yield name
-    _drop_db(name)
+    with fresh_db() as name:
+        yield name
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request, home: Path, monkeypatch) -> str:
     uri = (f"sqlite:///{home / 'registry-tests.db'}" if request.param == "sqlite"
-           else _pg_uri(request.getfixturevalue("postgres_db")))
+           else pg_uri(request.getfixturevalue("postgres_db")))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return request.param
 
@@ -374,7 +338,7 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
     from pipelines.registry import client, locks
 
     if kind == "advisory":
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", _pg_uri(request.getfixturevalue("postgres_db")))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_uri(request.getfixturevalue("postgres_db")))
     else:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
     if kind == "registry":  # create the schema first: two holders migrating one new SQLite file collide
@@ -490,8 +454,8 @@ def test_store_that_comes_back_is_retried(models, home: Path, monkeypatch, postg
     run_dir = _run(home, models["medium"], _unique("late"), "run", "registry.retries=8",
                    "registry.retry_backoff_s=0.25", "eval.baseline=floor")
     _evaluate(run_dir)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", _pg_uri(late))
-    timer = threading.Timer(1.5, _create_db, [late])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_uri(late))
+    timer = threading.Timer(1.5, create_db, [late])
     timer.start()
     try:
         with caplog.at_level("WARNING", logger="taxiway.registry"):
@@ -500,7 +464,7 @@ def test_store_that_comes_back_is_retried(models, home: Path, monkeypatch, postg
         assert any("MLflow unavailable" in r.message and "retry 1/8" in r.message for r in caplog.records)
     finally:
         timer.join()
-        _drop_db(late)
+        drop_db(late)
 
 
 def test_generate_loads_the_champion_from_mlflow(models, home: Path, monkeypatch):
