@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from contenders import BARRIER, all_succeed
 from postgres import create_db, drop_db, fresh_db, pg_uri
 from trained_models import clone_run, make_run
 
@@ -279,19 +280,7 @@ def test_two_processes_finishing_together_leave_the_better_champion(backend, mod
 
 ROUNDS = 20  # each race is run this many times in one test, every contender at the gate together
 
-_BARRIER = textwrap.dedent("""
-    import pathlib, time
-    def barrier(folder, rnd, me, n):
-        # every contender touches its file, then waits for all: they enter the critical section together
-        folder = pathlib.Path(folder)
-        (folder / f"{rnd}-{me}").touch()
-        deadline = time.monotonic() + 300  # bounds a hang only
-        while len(list(folder.glob(f"{rnd}-*"))) < n:
-            assert time.monotonic() < deadline, f"round {rnd}: the other contenders never arrived"
-            time.sleep(0.002)
-""")
-
-_HOLDER = _BARRIER + textwrap.dedent("""
+_HOLDER = BARRIER + textwrap.dedent("""
     import json, sys, time
     from pipelines.registry import client, locks
     from pipelines.run_folder import mlflow_tracking_uri
@@ -311,17 +300,6 @@ _HOLDER = _BARRIER + textwrap.dedent("""
             with open(log, "a") as fh:
                 fh.write(json.dumps([start, time.time()]) + "\\n")
 """)
-
-
-def _all_succeed(procs: list[subprocess.Popen]) -> None:
-    """Every contender exits 0; whatever fails, none is left waiting at the barrier for the next test."""
-    try:
-        for p in procs:
-            assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def _holders(kind: str, key: str, log: Path, folder: Path, hold: float = 0.02, n: int = 2,
@@ -345,7 +323,7 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
         client().search_registered_models(max_results=1)
     key = str(tmp_path / "champion.lock") if kind == "file" else _unique("lock")
     log = tmp_path / "held.jsonl"
-    _all_succeed(_holders(kind, key, log, tmp_path / "barrier"))
+    all_succeed(_holders(kind, key, log, tmp_path / "barrier"))
     spans = sorted(json.loads(line) for line in log.read_text().splitlines())
     assert len(spans) == 2 * ROUNDS
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), f"overlapping holds: {spans}"
@@ -370,7 +348,7 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
             client().get_registered_model(key)  # released: the mutex model is gone again
 
 
-_PROMOTER = _BARRIER + textwrap.dedent("""
+_PROMOTER = BARRIER + textwrap.dedent("""
     import json, sys
     from pipelines.config import RegistryConfig
     from pipelines.registry import champion
@@ -402,7 +380,7 @@ def test_two_promotions_at_the_same_instant_move_the_champion_once(backend, home
     procs = [subprocess.Popen([sys.executable, "-c", _PROMOTER, prefix, str(v), str(tmp_path / "barrier"), str(v), "2",
                                str(ROUNDS), str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for v in (1, 2)]
-    _all_succeed(procs)
+    all_succeed(procs)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 * ROUNDS
     for rnd in range(ROUNDS):
