@@ -348,6 +348,23 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
             client().get_registered_model(key)  # released: the mutex model is gone again
 
 
+def test_registry_lock_breaks_a_dead_breakers_token_and_a_stale_lease_deletes_nothing(home: Path, monkeypatch):
+    """The corners of breaking a lease (the race itself: tests/test_registry_server.py): a break
+    token left by a breaker that died mid-break is broken in turn, after its own lease; a breaker
+    that read a lease since replaced (its holder gone, never to come back) deletes nothing."""
+    from pipelines.registry import client, locks
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
+    c, key = client(), _unique("lock")
+    dead = locks._take(c, key, "dead-holder", -1.0)
+    locks._take(c, locks._break_token(key, dead.holder), "dead-breaker", -1.0)
+    with locks.registry_lock(c, key, 30):
+        assert c.get_registered_model(key).tags["holder"] != "dead-holder"
+        assert not locks._delete_held(c, key, "dead-holder", expired_only=True)
+        assert not locks._delete_held(c, key, "dead-holder", expired_only=False)
+    assert c.search_registered_models(f"name LIKE '{key}%'") == [], "a lock or a break token was left behind"
+
+
 _PROMOTER = BARRIER + textwrap.dedent("""
     import json, sys
     from pipelines.config import RegistryConfig

@@ -127,6 +127,10 @@ def _take(c, name: str, holder: str, lease_s: float) -> Lease:
     return _read(c, name)
 
 
+def _break_token(name: str, holder: str) -> str:
+    return f"{name}.break-{hashlib.sha256(holder.encode()).hexdigest()[:12]}"
+
+
 def _delete_held(c, name: str, holder: str, *, expired_only: bool) -> bool:
     """Delete the mutex ``name`` if ``holder`` still holds it (and, breaking a lease, if that ran out):
     a compare-and-set, which the store has no call for. True when this call deleted it.
@@ -139,7 +143,7 @@ def _delete_held(c, name: str, holder: str, *, expired_only: bool) -> bool:
     A token whose owner died mid-break is broken the same way, under a token of its own."""
     from mlflow.exceptions import MlflowException
 
-    token = f"{name}.break-{hashlib.sha256(holder.encode()).hexdigest()[:12]}"
+    token = _break_token(name, holder)
     me = _new_holder()
     owner = _take(c, token, me, BREAK_LEASE_S)
     if owner.holder != me:
