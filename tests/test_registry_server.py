@@ -1,6 +1,7 @@
 """Registration behind a real MLflow tracking server (tests/mlflow_server.py), where clients see
 only ``http://``: the champion lock is a registered model with a lease, and a dead holder's lease
-is broken by exactly one of the processes waiting for it."""
+is broken by exactly one of the processes waiting for it; a model is registered, promoted and
+generated from through the server alone."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from contenders import BARRIER, all_succeed
+from trained_models import clone_run, make_run
 
-from conftest import REPO
+from conftest import REPO, taxiway
 
 pytestmark = pytest.mark.mlflow_server
 
@@ -99,3 +101,32 @@ def test_a_dead_holders_lease_is_broken_by_exactly_one_waiter(on_server, tmp_pat
     assert not problems, "\n".join(problems) + f"\nwaiters' stderr:\n{stderr[-3000:]}"
     assert c.search_registered_models(f"name LIKE '{prefix}%'") == [], "a lock or a break token was left behind"
 
+
+def test_registration_moves_the_champion_and_generate_loads_it_through_the_server(on_server, session_home: Path,
+                                                                                  demo_data, home: Path):
+    """Champion by the floor, then beaten by a better model evaluated against it (downloaded through
+    the server's artifact proxy); ``taxiway generate models:/NAME@champion`` loads the new one."""
+    from pipelines import stages
+    from pipelines.registry import client
+
+    name = f"server-{uuid.uuid4().hex[:6]}"
+    results = []
+    for label, steps in (("reg-weak", 5), ("reg-medium", 60)):
+        trained = make_run(session_home, label, steps, [f"name={label}"])
+        run_dir = clone_run(home, trained, f"{name}-{label}", [f"registry.model_name={name}", f"name={name}",
+                                                               "registry.retry_backoff_s=0.2"])
+        cfg = stages.load_run_config(run_dir)
+        assert stages.evaluate(cfg, run_dir, None)["passed"]
+        results.append(stages.register(cfg, run_dir, f"{name}-{label}", None))
+    assert [(r["alias"], r["version"]) for r in results] == [("champion", "1"), ("champion", "2")]
+
+    c = client()
+    champion = c.get_model_version_by_alias(name, "champion")
+    assert str(champion.version) == "2" and champion.tags["taxiway.replaced_champion"] == f"models:/{name}/1"
+    assert list(on_server.artifacts.rglob("model.safetensors")), "artifacts did not go through the server's proxy"
+    assert c.search_registered_models(f"name LIKE '{name}.%'") == [], "the champion lock was left behind"
+
+    proc = taxiway("generate", f"models:/{name}@champion", "--prompt", "def ", "--max-new-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ") + 8
+    assert (home / "cache" / "models" / f"{name}-v2" / "model.safetensors").is_file()
