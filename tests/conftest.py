@@ -143,3 +143,13 @@ def live_airflow(tmp_path_factory):
         yield live
     finally:
         live.stop()
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """A real MLflow tracking server (tests/mlflow_server.py) for one module, which may stop and
+    restart it; its database is dropped when the module is done."""
+    from mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server

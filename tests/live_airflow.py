@@ -99,7 +99,7 @@ class LiveAirflow:
             log = open(self.log_path(name), "ab")  # noqa: SIM115 - the child owns it
             self.procs[name] = subprocess.Popen([str(BIN / "airflow"), name], env=self.env, stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, cwd=self.root, preexec_fn=_die_with_parent)
+                                                start_new_session=True, cwd=self.root, preexec_fn=die_with_parent)
             log.close()
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
         self.api = _RetryingClient(base_url=self.url, timeout=30,
@@ -112,14 +112,14 @@ class LiveAirflow:
         if self.api is not None:
             self.api.close()
         for proc in self.procs.values():
-            _signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         from pipelines.launch import local
 
@@ -201,14 +201,14 @@ class _RetryingClient(httpx.Client):
         return resp
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """A test process killed outright (timeout, ^C) must not leave an Airflow running: PR_SET_PDEATHSIG."""
     import ctypes
 
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:

@@ -5,7 +5,6 @@ finishing together, the locks, a deleted champion, an unreachable or briefly abs
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import re
@@ -19,58 +18,24 @@ import uuid
 from pathlib import Path
 
 import pytest
+from contenders import BARRIER, all_succeed
+from postgres import create_db, drop_db, fresh_db, pg_uri
 from trained_models import clone_run, make_run
 
 from conftest import REPO, taxiway
-
-PG = {"host": "127.0.0.1", "port": 5432, "dbname": "test", "connect_timeout": 3}
-
-
-def _pg_admin():
-    import psycopg2
-
-    conn = psycopg2.connect(**PG)
-    conn.autocommit = True
-    return conn
-
-
-def _create_db(name: str) -> None:
-    admin = _pg_admin()
-    admin.cursor().execute(f"CREATE DATABASE {name}")
-    admin.close()
-
-
-def _drop_db(name: str) -> None:
-    admin = _pg_admin()
-    cur = admin.cursor()
-    cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-    cur.execute(f"DROP DATABASE IF EXISTS {name}")
-    admin.close()
-
-
-def _pg_uri(db: str) -> str:
-    return f"postgresql+psycopg2://{os.environ.get('PGUSER') or getpass.getuser()}@127.0.0.1:5432/{db}"
 
 
 @pytest.fixture(scope="session")
 def postgres_db():
     """A database of its own for this test session, dropped at the end."""
-    import psycopg2
-
-    try:
-        _pg_admin().close()
-    except psycopg2.OperationalError as exc:  # a failure, not a skip: CI must not go green without it
-        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is unreachable; the PostgreSQL backend tests need it: {exc}")
-    name = f"taxiway_test_{uuid.uuid4().hex[:12]}"
-    _create_db(name)
-    yield name
-    _drop_db(name)
+    with fresh_db() as name:
+        yield name
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request, home: Path, monkeypatch) -> str:
     uri = (f"sqlite:///{home / 'registry-tests.db'}" if request.param == "sqlite"
-           else _pg_uri(request.getfixturevalue("postgres_db")))
+           else pg_uri(request.getfixturevalue("postgres_db")))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return request.param
 
@@ -315,19 +280,7 @@ def test_two_processes_finishing_together_leave_the_better_champion(backend, mod
 
 ROUNDS = 20  # each race is run this many times in one test, every contender at the gate together
 
-_BARRIER = textwrap.dedent("""
-    import pathlib, time
-    def barrier(folder, rnd, me, n):
-        # every contender touches its file, then waits for all: they enter the critical section together
-        folder = pathlib.Path(folder)
-        (folder / f"{rnd}-{me}").touch()
-        deadline = time.monotonic() + 300  # bounds a hang only
-        while len(list(folder.glob(f"{rnd}-*"))) < n:
-            assert time.monotonic() < deadline, f"round {rnd}: the other contenders never arrived"
-            time.sleep(0.002)
-""")
-
-_HOLDER = _BARRIER + textwrap.dedent("""
+_HOLDER = BARRIER + textwrap.dedent("""
     import json, sys, time
     from pipelines.registry import client, locks
     from pipelines.run_folder import mlflow_tracking_uri
@@ -349,17 +302,6 @@ _HOLDER = _BARRIER + textwrap.dedent("""
 """)
 
 
-def _all_succeed(procs: list[subprocess.Popen]) -> None:
-    """Every contender exits 0; whatever fails, none is left waiting at the barrier for the next test."""
-    try:
-        for p in procs:
-            assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 def _holders(kind: str, key: str, log: Path, folder: Path, hold: float = 0.02, n: int = 2,
              rounds: int = ROUNDS) -> list[subprocess.Popen]:
     folder.mkdir(exist_ok=True)
@@ -374,14 +316,14 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
     from pipelines.registry import client, locks
 
     if kind == "advisory":
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", _pg_uri(request.getfixturevalue("postgres_db")))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_uri(request.getfixturevalue("postgres_db")))
     else:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
     if kind == "registry":  # create the schema first: two holders migrating one new SQLite file collide
         client().search_registered_models(max_results=1)
     key = str(tmp_path / "champion.lock") if kind == "file" else _unique("lock")
     log = tmp_path / "held.jsonl"
-    _all_succeed(_holders(kind, key, log, tmp_path / "barrier"))
+    all_succeed(_holders(kind, key, log, tmp_path / "barrier"))
     spans = sorted(json.loads(line) for line in log.read_text().splitlines())
     assert len(spans) == 2 * ROUNDS
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), f"overlapping holds: {spans}"
@@ -406,7 +348,24 @@ def test_champion_locks_exclude_each_other_and_survive_a_dead_holder(kind, home:
             client().get_registered_model(key)  # released: the mutex model is gone again
 
 
-_PROMOTER = _BARRIER + textwrap.dedent("""
+def test_registry_lock_breaks_a_dead_breakers_token_and_a_stale_lease_deletes_nothing(home: Path, monkeypatch):
+    """The corners of breaking a lease (the race itself: tests/test_registry_server.py): a break
+    token left by a breaker that died mid-break is broken in turn, after its own lease; a breaker
+    that read a lease since replaced (its holder gone, never to come back) deletes nothing."""
+    from pipelines.registry import client, locks
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
+    c, key = client(), _unique("lock")
+    dead = locks._take(c, key, "dead-holder", -1.0)
+    locks._take(c, locks._break_token(key, dead.holder), "dead-breaker", -1.0)
+    with locks.registry_lock(c, key, 30):
+        assert c.get_registered_model(key).tags["holder"] != "dead-holder"
+        assert not locks._delete_held(c, key, "dead-holder", expired_only=True)
+        assert not locks._delete_held(c, key, "dead-holder", expired_only=False)
+    assert c.search_registered_models(f"name LIKE '{key}%'") == [], "a lock or a break token was left behind"
+
+
+_PROMOTER = BARRIER + textwrap.dedent("""
     import json, sys
     from pipelines.config import RegistryConfig
     from pipelines.registry import champion
@@ -438,7 +397,7 @@ def test_two_promotions_at_the_same_instant_move_the_champion_once(backend, home
     procs = [subprocess.Popen([sys.executable, "-c", _PROMOTER, prefix, str(v), str(tmp_path / "barrier"), str(v), "2",
                                str(ROUNDS), str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for v in (1, 2)]
-    _all_succeed(procs)
+    all_succeed(procs)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 * ROUNDS
     for rnd in range(ROUNDS):
@@ -490,8 +449,8 @@ def test_store_that_comes_back_is_retried(models, home: Path, monkeypatch, postg
     run_dir = _run(home, models["medium"], _unique("late"), "run", "registry.retries=8",
                    "registry.retry_backoff_s=0.25", "eval.baseline=floor")
     _evaluate(run_dir)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", _pg_uri(late))
-    timer = threading.Timer(1.5, _create_db, [late])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_uri(late))
+    timer = threading.Timer(1.5, create_db, [late])
     timer.start()
     try:
         with caplog.at_level("WARNING", logger="taxiway.registry"):
@@ -500,7 +459,7 @@ def test_store_that_comes_back_is_retried(models, home: Path, monkeypatch, postg
         assert any("MLflow unavailable" in r.message and "retry 1/8" in r.message for r in caplog.records)
     finally:
         timer.join()
-        _drop_db(late)
+        drop_db(late)
 
 
 def test_generate_loads_the_champion_from_mlflow(models, home: Path, monkeypatch):

@@ -1,7 +1,7 @@
 """The lock that serializes reads and moves of a model's ``champion`` alias, matched to the tracking
 store: an advisory lock (PostgreSQL) or ``flock`` on a file beside the database (SQLite) — both
 released by the database or the kernel if the holder dies — and, behind an MLflow server, a
-registered model used as a mutex (creation is atomic; a lease lets a waiter break the lock of a
+registered model used as a mutex (creation is atomic; a lease lets one waiter break the lock of a
 holder that died).
 """
 
@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from pipelines.errors import Transient
 from pipelines.run_folder import mlflow_tracking_uri
@@ -23,6 +24,7 @@ from pipelines.run_folder import mlflow_tracking_uri
 log = logging.getLogger("taxiway.promotion")
 
 LEASE_S = 120.0
+BREAK_LEASE_S = 30.0  # a break token is held for one read and one delete
 
 
 class LockTimeout(Transient):
@@ -79,41 +81,116 @@ def advisory_lock(uri: str, key: str, timeout_s: float) -> Iterator[None]:
         engine.dispose()
 
 
-@contextlib.contextmanager
-def registry_lock(c, key: str, timeout_s: float, lease_s: float = LEASE_S) -> Iterator[None]:
-    """The registered model ``key`` as a mutex (for an MLflow server, where no database
-    is at hand): creating it is atomic, so one process holds it. It carries its holder and the
-    end of its lease; a waiter deletes a lock whose lease ran out (its holder died)."""
+class Lease(NamedTuple):
+    """Who holds a registered-model mutex, and until when (ms since the epoch, UTC)."""
+
+    holder: str | None  # None: no mutex (gone, or read halfway through its delete)
+    ends_ms: int
+
+    def expired(self) -> bool:
+        return self.holder is not None and self.ends_ms < time.time() * 1000
+
+
+def _new_holder() -> str:
+    """A holder id used for one mutex only and never again: the compare-and-set below rests on it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _read(c, name: str) -> Lease:
     from mlflow.exceptions import MlflowException
 
-    me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    try:
+        tags = c.get_registered_model(name).tags
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return Lease(None, 0)
+    # the store reads a model, then its tags: a read that straddles a delete finds no tags
+    return Lease(tags["holder"], int(tags.get("expires_ms", "0"))) if "holder" in tags else Lease(None, 0)
+
+
+def _take(c, name: str, holder: str, lease_s: float) -> Lease:
+    """Create the mutex ``name`` held by ``holder`` until its lease ends; the lease there now, which is
+    ``holder``'s when it won (a create whose answer was lost and that the client retried included)."""
+    from mlflow.exceptions import MlflowException
+
+    ends_ms = int((time.time() + lease_s) * 1000)
+    try:
+        c.create_registered_model(name, tags={"holder": holder, "expires_ms": str(ends_ms)},
+                                  description="Taxiway lock; safe to delete when its lease ran out")
+        return Lease(holder, ends_ms)
+    except MlflowException as exc:
+        # DOES_NOT_EXIST: the create collided, and the holder released before the store's own
+        # lookup for its "already exists" message — held a moment ago, so wait like for a holder
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
+            raise
+    return _read(c, name)
+
+
+def _break_token(name: str, holder: str) -> str:
+    return f"{name}.break-{hashlib.sha256(holder.encode()).hexdigest()[:12]}"
+
+
+def _delete_held(c, name: str, holder: str, *, expired_only: bool) -> bool:
+    """Delete the mutex ``name`` if ``holder`` still holds it (and, breaking a lease, if that ran out):
+    a compare-and-set, which the store has no call for. True when this call deleted it.
+
+    It is decided and done holding the break token for (``name``, ``holder``), itself a mutex that
+    one process creates and the others fail to: so one process at a time reads ``holder``'s lock
+    and deletes it, and the lock it read is the lock it deletes — only a token's owner deletes
+    ``holder``'s lock (the holder's own release takes the token too), and a holder id is never
+    reused, so once deleted that lock never comes back for a later owner of the token to delete.
+    A token whose owner died mid-break is broken the same way, under a token of its own."""
+    from mlflow.exceptions import MlflowException
+
+    token = _break_token(name, holder)
+    me = _new_holder()
+    owner = _take(c, token, me, BREAK_LEASE_S)
+    if owner.holder != me:
+        if owner.expired():
+            _delete_held(c, token, owner.holder, expired_only=True)
+        return False
+    try:
+        held = _read(c, name)
+        if held.holder != holder or (expired_only and not held.expired()):
+            return False  # released or broken meanwhile (a reader of a stale lease gets here)
+        if expired_only:
+            log.warning("breaking %s of %s: its lease ran out", name, holder)
+        c.delete_registered_model(name)
+        return True
+    finally:
+        with contextlib.suppress(MlflowException):  # left behind, its own lease lets it be broken
+            c.delete_registered_model(token)
+
+
+@contextlib.contextmanager
+def registry_lock(c, key: str, timeout_s: float, lease_s: float = LEASE_S) -> Iterator[None]:
+    """The registered model ``key`` as a mutex (for an MLflow server, where no database is at
+    hand): creating it is atomic, so one process holds it. It carries its holder and the end of
+    its lease; exactly one waiter breaks a lock whose lease ran out (its holder died), by a
+    compare-and-set (``_delete_held``), then races the others to create it anew.
+
+    A lease is a promise about time: a holder that stalls past its lease (or a breaker past its
+    token's), or clocks more than a lease apart, can still see two holders."""
+    from mlflow.exceptions import MlflowException
+
+    me = _new_holder()
     deadline = time.monotonic() + timeout_s
     while True:
-        expires = int((time.time() + lease_s) * 1000)
-        try:
-            c.create_registered_model(key, tags={"holder": me, "expires_ms": str(expires)},
-                                      description="Taxiway champion lock; safe to delete when its lease ran out")
+        held = _take(c, key, me, lease_s)
+        if held.holder == me:
             break
-        except MlflowException as exc:
-            # DOES_NOT_EXIST: the create collided, and the holder released before the store's own
-            # lookup for its "already exists" message — held a moment ago, so wait like for a holder
-            if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
-                raise
-        with contextlib.suppress(MlflowException):
-            held = c.get_registered_model(key)
-            if int(held.tags.get("expires_ms", "0")) < time.time() * 1000:
-                log.warning("breaking the champion lock of %s: its lease ran out", held.tags.get("holder"))
-                c.delete_registered_model(key)
-                continue
+        if held.expired() and _delete_held(c, key, held.holder, expired_only=True):
+            continue
         if time.monotonic() > deadline:
             raise LockTimeout(f"registry lock {key!r} still held after {timeout_s:.0f} s")
         time.sleep(0.2)
     try:
         yield
     finally:
-        with contextlib.suppress(MlflowException):
-            if c.get_registered_model(key).tags.get("holder") == me:
-                c.delete_registered_model(key)
+        # under the break token too: a waiter breaking this lease cannot delete a successor's lock
+        with contextlib.suppress(MlflowException):  # left behind, the lease lets a waiter break it
+            _delete_held(c, key, me, expired_only=False)
 
 
 def champion_lock(c, name: str, timeout_s: float) -> contextlib.AbstractContextManager[None]:
