@@ -50,6 +50,7 @@ test: lint
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench
+	$(BIN)/hadolint docker/*.Dockerfile
 
 airflow: $(AIRFLOW_DB) $(DEMO_DATA)
 	$(BIN)/airflow standalone

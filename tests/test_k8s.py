@@ -445,6 +445,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}   # (kind, namespace, name)
         self.created: list[str] = []                                    # "Kind/name", in order
+        self.requests: list[tuple[str, str]] = []                       # (HTTP method, path?query), in order
         self.containers: dict[str, subprocess.Popen] = {}               # pod name → its running container
         self.lock = threading.Lock()
         self.run_pods = True
@@ -595,6 +596,7 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
     def _route(self) -> tuple[str, str, str | None, str | None, dict[str, str]]:
         from urllib.parse import parse_qsl, urlsplit
 
+        self.kube.requests.append((self.command, self.path))
         url = urlsplit(self.path)
         parts = url.path.strip("/").split("/")
         parts = parts[2:] if parts[0] == "api" else parts[3:]   # drop api/v1 or apis/batch/v1

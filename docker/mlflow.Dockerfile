@@ -1,0 +1,20 @@
+# The MLflow tracking server and model registry (deploy/mlflow.yaml): PostgreSQL backend store,
+# artifacts proxied by the server (--serve-artifacts). Build from the repo root:
+#   docker build -f docker/mlflow.Dockerfile -t taxiway-mlflow:3.17.2-<git-sha> .
+# Pinned by tag here; pin by digest at build time for bit-identical rebuilds (docker/README.md).
+FROM python:3.11.13-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements/constraints.txt /tmp/constraints.txt
+RUN pip install --no-cache-dir -c /tmp/constraints.txt mlflow==3.17.2 psycopg2-binary==2.9.13 \
+    && rm /tmp/constraints.txt \
+    && useradd --uid 10002 --gid 0 --create-home --home-dir /home/mlflow --shell /usr/sbin/nologin mlflow
+
+WORKDIR /home/mlflow
+USER 10002
+EXPOSE 5000
+# No HEALTHCHECK: Kubernetes ignores it; deploy/mlflow.yaml probes GET /health.
+# Every server option comes from the environment (MLFLOW_BACKEND_STORE_URI from a Secret, ...).
+ENTRYPOINT ["mlflow", "server"]

@@ -1,0 +1,446 @@
+"""Production deployment files: images (docker/), Kubernetes manifests and Helm values (deploy/).
+
+No container engine and no cluster exist here, so what can be checked is checked without them:
+- every Kubernetes object in deploy/*.yaml against the official OpenAPI schemas (``kubernetes-validate``,
+  strict: unknown fields fail) for the versions tests/test_k8s.py uses;
+- the Role grants exactly what the training launch calls: the launch code (setup, ``GangJob``, its
+  trigger, cancel, teardown) runs against tests/test_k8s.py's stand-in API server, every request it
+  makes is mapped to an RBAC (group, resource, verb) and must be allowed, and every grant must be used;
+- no secret value in any file: credentials only by Secret reference;
+- the Helm values against the official chart's own values.schema.json (deploy/schema/, vendored:
+  the network is not reachable from tests);
+- the Dockerfiles: hadolint, pinned base tags, non-root numeric USER, entrypoints, pinned installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from test_k8s import RUN_ID, VERSIONS, FakeKube, _context, _first_event, _Store, fake_kube, k8s_run  # noqa: F401
+
+from conftest import REPO
+from pipelines.launch import k8s
+
+DEPLOY = REPO / "deploy"
+DOCKER = REPO / "docker"
+VALUES = DEPLOY / "airflow-values.yaml"
+SCHEMA = DEPLOY / "schema" / "airflow-chart-values.schema.json"
+MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p != VALUES)
+NAMESPACE = "taxiway"
+LAUNCHER_SA = "taxiway-launcher"
+
+
+def objects(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def all_objects() -> list[dict[str, Any]]:
+    return [obj for path in MANIFESTS for obj in objects(path)]
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in all_objects() if obj["kind"] == kind]
+
+
+def values() -> dict[str, Any]:
+    return yaml.safe_load(VALUES.read_text())
+
+
+# --- Kubernetes objects ----------------------------------------------------------------------------
+
+def test_manifests_exist():
+    assert {p.name for p in MANIFESTS} >= {"rbac.yaml", "mlflow.yaml"}
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_object_is_valid_kubernetes(path: Path, version: str):
+    docs = objects(path)
+    assert docs
+    for obj in docs:
+        kubernetes_validate.validate(obj, version, strict=True)
+        assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+# --- RBAC: exactly what the launch code calls --------------------------------------------------------
+
+def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def rbac_request(method: str, path: str) -> tuple[str, str, str, str]:
+    """(namespace, apiGroup, resource[/subresource], verb) of one API request, as the API server's
+    authorizer sees it (k8s.io/apiserver RequestInfo)."""
+    url = urlsplit(path)
+    parts = url.path.strip("/").split("/")
+    group, parts = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    assert parts[0] == "namespaces", f"not a namespaced request: {method} {path}"
+    namespace, resource, *rest = parts[1:]
+    name, sub = (rest + [None, None])[:2]
+    if sub:
+        resource = f"{resource}/{sub}"
+    query = dict(parse_qsl(url.query))
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method)
+    if method == "GET":
+        verb = "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    return namespace, group, resource, verb
+
+
+@pytest.fixture
+def launch_requests(k8s_run: dict[str, str], fake_kube: FakeKube) -> list[tuple[str, str]]:  # noqa: F811
+    """Every API request of a run's launch life cycle: setup (twice), Job, re-attach after a lost worker,
+    the Job failing (the provider reads and deletes its pods), the retry replacing it and succeeding (the
+    provider copies the node logs), cancel from the triggerer and from the worker, teardown."""
+    from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+    from taxiway_airflow.operators.kubernetes import GangJob
+    from taxiway_airflow.tasks import create_service, delete_everything
+
+    fake_kube.run_pods = False
+    job_1 = k8s.names(RUN_ID, 1)[0]
+    create_service(k8s_run, RUN_ID)
+    create_service(k8s_run, RUN_ID)  # a retried setup: 409, accepted
+    store = _Store()
+    with pytest.raises(TaskDeferred):
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(_context(1, store))
+    ctx = _context(2, store)
+    with pytest.raises(TaskDeferred) as deferred:  # re-attach: reads the stored Job's status
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(ctx)
+    fake_kube.set_job_condition(job_1, "Failed")
+    event = _first_event(deferred.value.trigger)
+    with pytest.raises(AirflowException):
+        GangJob(task_id="gang", run=k8s_run).execute_complete(ctx, event)
+    ctx = _context(3, store)
+    with pytest.raises(TaskDeferred) as deferred:  # the retry deletes try 1's Job and pods, creates its own
+        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(ctx)
+    fake_kube.set_job_condition(k8s.names(RUN_ID, 3)[0], "Complete")
+    event = _first_event(deferred.value.trigger)
+    with pytest.raises(Exception, match="checkpoint|model|status"):  # the Job succeeded: node logs are read; no
+        GangJob(task_id="gang", run=k8s_run).execute_complete(ctx, event)  # trainer ran, so nothing to finish
+    asyncio.run(deferred.value.trigger.on_kill())
+    op = GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2)
+    with pytest.raises(TaskDeferred):
+        op.execute(_context(4, _Store()))
+    op.on_kill()  # a worker killed while it held the task: the provider deletes the Job
+    delete_everything(k8s_run, RUN_ID)
+    assert not fake_kube.of("Job") and not fake_kube.of("Service")
+    return list(fake_kube.requests)
+
+
+def test_role_grants_exactly_what_the_launch_calls(launch_requests: list[tuple[str, str]]):
+    (role,) = of_kind("Role")
+    granted = grants(role)
+    used = set()
+    for method, path in launch_requests:
+        namespace, group, resource, verb = rbac_request(method, path)
+        assert namespace == role["metadata"]["namespace"], f"{method} {path}: outside the Role's namespace"
+        assert (group, resource, verb) in granted, f"{method} {path} needs {verb} on {group or 'core'}/{resource}"
+        used.add((group, resource, verb))
+    assert granted - used == set(), f"granted but never called: {sorted(granted - used)}"
+
+
+def test_rbac_is_namespaced_bound_to_the_launcher_and_never_wildcard():
+    kinds = [obj["kind"] for obj in of_kind("Role") + of_kind("RoleBinding") + of_kind("ClusterRole")
+             + of_kind("ClusterRoleBinding")]
+    assert sorted(kinds) == ["Role", "RoleBinding"]
+    (role,), (binding,) = of_kind("Role"), of_kind("RoleBinding")
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+        assert "resourceNames" not in rule or rule["resourceNames"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": LAUNCHER_SA, "namespace": NAMESPACE}]
+    accounts = {sa["metadata"]["name"]: sa for sa in of_kind("ServiceAccount")}
+    assert LAUNCHER_SA in accounts
+    # the trainer pods' account exists and has no token: the trainer never talks to the API
+    trainer_sa = k8s.render(_k8s_config(), run_id=RUN_ID, try_number=1, command=["-m", "trainer"]).pod_spec[
+        "serviceAccountName"]
+    assert accounts[trainer_sa].get("automountServiceAccountToken") is False
+    # and the Airflow components that launch run as the bound account
+    v = values()
+    for component in ("workers", "triggerer"):
+        assert v[component]["serviceAccount"] == {"create": False, "name": LAUNCHER_SA}, component
+
+
+def _k8s_config():
+    from pipelines.config import load_config
+
+    return load_config(REPO / "configs" / "kubernetes.yaml", [
+        "compute.kubernetes.image=registry.example.com/taxiway-trainer@sha256:" + "0" * 64])
+
+
+# --- no secret values anywhere ------------------------------------------------------------------------
+
+SECRETISH = re.compile(r"(^pass$|password|passwd|secret|token|fernet|credential|private|api[-_]?key|access[-_]?key"
+                       r"|connection|_uri$|_url$|dsn)", re.I)
+REFERENCE_KEYS = re.compile(r"(SecretName|secretName|secretKeyRef|secretRef|existingSecret|passwordSecretName)$")
+DEPLOY_FILES = sorted([*DEPLOY.glob("*.yaml"), *DOCKER.glob("*.Dockerfile")])
+
+
+def leaves(node: Any, path: tuple[str, ...] = ()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaves(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from leaves(value, (*path, str(i)))
+    else:
+        yield path, node
+
+
+def env_entries(node: Any):
+    """Every {name, value|valueFrom} env entry anywhere in a document."""
+    if isinstance(node, dict):
+        if set(node) >= {"name"} and ({"value", "valueFrom"} & set(node)) and len(node) <= 2:
+            yield node
+        for value in node.values():
+            yield from env_entries(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from env_entries(value)
+
+
+def secret_findings(docs: list[Any]) -> list[str]:
+    found = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "Secret":
+            found.append(f"Secret {doc['metadata']['name']} with data in the file")
+        for path, value in leaves(doc):
+            key = path[-1] if path else ""
+            if key.isdigit() or value in (None, "", True, False) or not isinstance(value, str):
+                continue
+            if REFERENCE_KEYS.search(key) or key in ("name", "key", "claimName", "mountPath"):
+                continue
+            if SECRETISH.search(key) and key not in ("value", "description"):
+                found.append(f"{'.'.join(path)} = {value!r}")
+        for entry in env_entries(doc):
+            if "value" in entry and SECRETISH.search(entry["name"]) and _looks_like_credential(entry["value"]):
+                found.append(f"env {entry['name']} = {entry['value']!r}")
+        for path, value in leaves(doc):  # credentials inside URLs: scheme://user:password@host
+            if isinstance(value, str) and re.search(r"://[^/\s:@]+:[^/\s@]+@", value):
+                found.append(f"{'.'.join(path)}: URL with a password")
+    return found
+
+
+def _looks_like_credential(value: str) -> bool:
+    try:  # a JSON connection whose extra names no secret (in_cluster: the pod's own token)
+        conn = json.loads(value)
+        return any(SECRETISH.search(k) for k in {*conn, *conn.get("extra", {})} if k != "conn_type")
+    except (ValueError, AttributeError):
+        return not value.startswith("http://") or "@" in value
+
+
+def test_no_secret_values_in_any_file():
+    problems = {}
+    for path in DEPLOY_FILES:
+        if path.suffix == ".yaml":
+            docs = list(yaml.safe_load_all(path.read_text()))
+        else:  # Dockerfile ENV/ARG lines
+            docs = [{m.group(1): m.group(2) for m in re.finditer(r"(?m)^\s*(?:ENV|ARG)\s+(\w+)[= ](\S+)",
+                                                                 path.read_text())}]
+        if found := secret_findings(docs):
+            problems[path.name] = found
+    assert problems == {}
+
+
+def test_secret_scan_catches_plain_values():
+    """The scan above must be able to fail: each of these is a secret in plain text."""
+    bad = [
+        {"data": {"metadataConnection": {"user": "airflow", "pass": "hunter2"}}},
+        {"fernetKey": "6dwNoCOMSsBqHjDJKczaRmDGxzwjqeSYyWuhn0hXI0Y="},
+        {"redis": {"password": "hunter2"}},
+        {"env": [{"name": "MLFLOW_BACKEND_STORE_URI", "value": "postgresql://mlflow:hunter2@db/mlflow"}]},
+        {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "abc"}]},
+        {"kind": "Secret", "metadata": {"name": "x"}, "stringData": {"a": "b"}},
+    ]
+    for doc in bad:
+        assert secret_findings([doc]), doc
+
+
+def test_every_chart_credential_is_a_secret_reference():
+    v = values()
+    for key in ("fernetKeySecretName", "apiSecretKeySecretName", "jwtSecretName", "webserverSecretKeySecretName"):
+        assert v[key], key
+        assert v.get(key.replace("SecretName", "").replace("KeySecret", "Key")) is None
+    for key in ("metadataSecretName", "resultBackendSecretName", "brokerUrlSecretName"):
+        assert v["data"][key], key
+    assert "metadataConnection" not in v["data"] and "brokerUrl" not in v["data"]
+    assert v["postgresql"]["enabled"] is False  # external PostgreSQL
+    assert v["redis"]["passwordSecretName"] and "password" not in v["redis"]
+    for component in ("apiServer", "webserver"):  # the chart's default user has a plain-text password
+        assert v[component]["defaultUser"] == {"enabled": False}
+    assert v.get("flower", {}).get("enabled") is False
+
+
+# --- Helm values ------------------------------------------------------------------------------------
+
+def test_values_match_the_charts_schema():
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    v = values()
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(v)]
+    assert errors == []
+    # the chart's root allows unknown keys (Helm would silently ignore a typo); this file must not have any
+    assert set(v) - set(schema["properties"]) == set()
+
+
+def test_values_schema_rejects_a_wrong_value():
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for mutation in ({"executor": "Celery"}, {"triggerer": {"enabled": "yes"}},
+                     {"workers": {"replicas": "two"}},
+                     {"data": {"metadataSecretName": ["taxiway-airflow-metadata"]}}):
+        assert list(validator.iter_errors({**values(), **mutation})), mutation
+
+
+def test_values_wire_taxiway_into_airflow():
+    v = values()
+    assert v["executor"] == "CeleryExecutor" and v["triggerer"]["enabled"] is True
+    assert v["airflowVersion"] == "3.3.2"
+    assert v["images"]["airflow"]["repository"] == v["defaultAirflowRepository"]
+    assert v["images"]["airflow"]["tag"] not in ("", "latest")
+    env = {e["name"]: e["value"] for e in v["env"]}
+    cfg = _k8s_config()
+    mount = cfg.compute.kubernetes.mount_path
+    assert env["TAXIWAY_LAUNCHER"] == "kubernetes"
+    assert env["TAXIWAY_HOME"] == mount
+    assert env["TAXIWAY_CONFIG"] == "/opt/taxiway/configs/kubernetes.yaml"
+    assert (REPO / env["TAXIWAY_CONFIG"].removeprefix("/opt/taxiway/")).is_file()
+    assert env["MLFLOW_TRACKING_URI"] == f"http://{_mlflow_service_host()}:5000"
+    assert json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])["extra"]["in_cluster"] is True
+    assert cfg.compute.kubernetes.connection_id == "kubernetes_default"
+    (volume,) = v["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == cfg.compute.kubernetes.volume_claim
+    assert v["volumeMounts"] == [{"name": volume["name"], "mountPath": mount}]
+    assert cfg.compute.kubernetes.namespace == NAMESPACE
+    assert v["uid"] == cfg.compute.kubernetes.run_as_user == v["securityContexts"]["pod"]["runAsUser"]
+
+
+def _mlflow_service_host() -> str:
+    (service,) = [s for s in of_kind("Service") if s["metadata"]["name"] == "mlflow"]
+    return f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+
+
+# --- MLflow -----------------------------------------------------------------------------------------
+
+def test_mlflow_server_is_pinned_non_root_probed_and_reads_its_store_from_a_secret():
+    (deployment,) = of_kind("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert re.fullmatch(r"[\w./-]+/taxiway-mlflow(:[\w.-]+|@sha256:[0-9a-f]{64})", container["image"])
+    assert ":latest" not in container["image"]
+    assert "3.17.2" in container["image"]
+    env = {e["name"]: e for e in container["env"]}
+    assert set(env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]) == {"secretKeyRef"}
+    assert env["MLFLOW_SERVE_ARTIFACTS"]["value"] == "true"
+    assert env["MLFLOW_HOST"]["value"] == "0.0.0.0"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == env["MLFLOW_ARTIFACTS_DESTINATION"]["value"]]
+    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim in {c["metadata"]["name"] for c in of_kind("PersistentVolumeClaim")}
+    (service,) = [s for s in of_kind("Service") if s["metadata"]["name"] == "mlflow"]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # the server answers only for the names it is reached by
+    hosts = env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].split(",")
+    assert _mlflow_service_host() in hosts and f"{_mlflow_service_host()}:5000" in hosts
+
+
+# --- images -----------------------------------------------------------------------------------------
+
+def dockerfile(name: str) -> str:
+    return (DOCKER / f"{name}.Dockerfile").read_text()
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", text)
+    return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"(?m)^\s*([A-Za-z]+)\s+(.*)$", joined)
+            if not m.group(0).lstrip().startswith("#")]
+
+
+IMAGES = {"trainer": (r"pytorch/pytorch:2\.13\.0-cuda13\.0-cudnn9-runtime", ["python", "-m", "trainer"]),
+          "airflow": (r"apache/airflow:3\.3\.2-python3\.11", None),
+          "mlflow": (r"python:3\.11\.\d+-slim-bookworm", ["mlflow", "server"])}
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_dockerfile_pins_runs_non_root_and_sets_its_entrypoint(name: str):
+    base, entrypoint = IMAGES[name]
+    steps = instructions(dockerfile(name))
+    froms = [arg for op, arg in steps if op == "FROM"]
+    assert len(froms) == 1 and re.fullmatch(base + r"(@sha256:[0-9a-f]{64})?", froms[0]), froms
+    users = [arg for op, arg in steps if op == "USER"]
+    assert users and re.fullmatch(r"[1-9]\d*", users[-1]), f"last USER must be a numeric non-root uid: {users}"
+    entrypoints = [arg for op, arg in steps if op == "ENTRYPOINT"]
+    if entrypoint is None:  # the Airflow image keeps the official entrypoint (the chart passes the commands)
+        assert entrypoints == []
+    else:
+        assert [json.loads(e) for e in entrypoints] == [entrypoint]
+    for op, arg in steps:
+        if op == "RUN":
+            for install in re.findall(r"pip install ([^&]+)", arg):
+                packages = [w for w in install.split() if not w.startswith("-") and not w.startswith(("/", "http"))]
+                assert all("==" in p for p in packages), f"unpinned: {packages}"
+                assert "--no-cache-dir" in install
+
+
+def test_training_pods_call_torchrun_themselves():
+    """The trainer image's entrypoint is ``python -m trainer``; the pods must not rely on it."""
+    gang = k8s.render(_k8s_config(), run_id=RUN_ID, try_number=1, command=["-m", "trainer", "--spec", "/taxiway/s"])
+    (container,) = gang.pod_spec["containers"]
+    assert container["command"] == ["torchrun"]
+    assert container["args"][-4:] == ["-m", "trainer", "--spec", "/taxiway/s"]
+    assert gang.pod_spec["securityContext"]["runAsUser"] == 10001
+    assert "USER 10001" in dockerfile("trainer")
+
+
+def test_dockerignore_keeps_the_context_small():
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert ignored >= {".git", ".venv", ".taxiway", "**/__pycache__", ".pytest_cache", ".hypothesis", "tests",
+                       "bench", "mlruns"}
+    # what the images COPY must stay in the context
+    for needed in ("trainer", "pipelines", "eval", "dags", "plugins", "configs", "requirements", "pyproject.toml",
+                   "README.md"):
+        assert needed not in ignored
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint not installed: pip install -c requirements/constraints.txt -e '.[dev]'")
+    return found
+
+
+def test_dockerfiles_pass_hadolint():
+    files = sorted(DOCKER.glob("*.Dockerfile"))
+    assert len(files) == 3
+    result = subprocess.run([hadolint(), "--no-color", *map(str, files)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_can_fail(tmp_path: Path):
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install torch\nUSER root\n")
+    result = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0 and "DL3007" in result.stdout and "DL3013" in result.stdout
