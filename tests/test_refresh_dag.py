@@ -250,7 +250,9 @@ def test_the_land_dag_lands_a_batch_and_its_outlet_announces_it(airflow_db, home
     from airflow.utils.session import create_session
 
     from pipelines.refresh import landing
+    from taxiway_airflow.params import form_defaults
 
+    form_defaults.cache_clear()  # parsed with this test's TAXIWAY_HOME, as the task runs with it
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_land"]
     src = source(home / "incoming" / "b9", new_files(demo_data, 0, 3))
     dr = dag.test(run_conf={"source": str(src), "batch_id": "b9"})

@@ -92,20 +92,23 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     from pipelines.refresh.announce import event_extra
     from pipelines.roots import Roots
     from taxiway_airflow.params import default_config_path
-    from taxiway_airflow.refresh import landing_asset
 
     ctx = get_current_context()
     roots = Roots.from_env()
     zone = load_config(roots.config_file(default_config_path())).refresh.landing
     if not zone:
         raise landing.LandingError("refresh.landing: not set in the deployment's config; nowhere to land")
+    (outlet,) = [a for a in ctx["task"].outlets if getattr(a, "name", None) == landing.ASSET_NAME]
+    if outlet.uri != landing.asset_uri(zone):
+        raise landing.LandingError(f"refresh.landing is {zone} where this task runs, but the DAG was parsed with "
+                                   f"{outlet.uri}: the worker and the DAG processor must read one config")
     roots.check_data({"source": source})
     batch_id = batch_id or ctx["run_id"].replace(":", "").replace("+", "")
     earlier = [b for b in landing.scan(zone)[0] if b.id == batch_id] if ctx["ti"].try_number > 1 else []
     batch = earlier[0] if earlier else landing.land(source, zone, batch_id)
     log.info("batch %s %s in %s: %d file(s), manifest sha256 %s", batch.id, "was landed by an earlier try" if earlier
              else "landed", zone, batch.files, batch.manifest_sha256)
-    ctx["outlet_events"][landing_asset(zone)].extra = event_extra(batch)
+    ctx["outlet_events"][outlet].extra = event_extra(batch)
     return event_extra(batch)
 
 
