@@ -1,13 +1,16 @@
 """A live Airflow for tests: api-server, scheduler, dag-processor and triggerer as real processes.
 
-Triggers run in the triggerer, tasks in LocalExecutor workers, REST calls go over loopback with a
-JWT from the simple auth manager: what a user meets, unlike ``dag.test()`` (triggers inline).
+Triggers run in the triggerer, tasks in LocalExecutor workers — or, with a ``CeleryShape``, in
+Celery workers fed through Redis with the metadata on PostgreSQL, the production shape. REST calls
+go over loopback with a JWT from the simple auth manager: what a user meets, unlike ``dag.test()``
+(triggers inline).
 Each ``LiveAirflow`` owns its AIRFLOW_HOME, TAXIWAY_HOME and ports, and stops every process it
 started by process group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,8 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +53,38 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: flo
         time.sleep(every_s)
 
 
+@dataclass(frozen=True)
+class CeleryShape:
+    """The distributed deployment: metadata on PostgreSQL (``metadata_uri``, also the Celery result
+    backend), Redis as the broker, ``workers`` Celery workers of ``concurrency`` slots each."""
+
+    metadata_uri: str
+    broker_url: str
+    workers: int = 2
+    concurrency: int = 4
+
+    def env(self) -> dict[str, str]:
+        return {"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_uri,
+                "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.metadata_uri,
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.concurrency),
+                # a worker that died is noticed by its task's missing heartbeats: soon, not after 5 min
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5"}
+
+    def components(self) -> list[tuple[str, list[str], dict[str, str]]]:
+        """Each worker with its own Celery node name and log server port (they share one host)."""
+        return [(f"celery-worker-{i}", ["celery", "worker", "--celery-hostname", f"w{i}@%h", "--without-mingle",
+                                        "--without-gossip"],
+                 {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}) for i in range(1, self.workers + 1)]
+
+
 class LiveAirflow:
     """Start with ``start()``, stop with ``stop()``; ``api`` is an authenticated REST client."""
 
-    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None,
+                 celery: CeleryShape | None = None) -> None:
         self.root = root
         self.home = root / "airflow"
         self.taxiway_home = root / "taxiway"
@@ -82,9 +115,11 @@ class LiveAirflow:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",  # the DAG file does not change here
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
+            **(celery.env() if celery else {}),
         }
-        self.env.pop("MLFLOW_TRACKING_URI", None)
+        self.env.pop("MLFLOW_TRACKING_URI", None)  # the deployment's own store unless extra_env names one
+        self.env.update(extra_env or {})
+        self.components = [(name, [name], {}) for name in COMPONENTS] + (celery.components() if celery else [])
 
     # lifecycle ---------------------------------------------------------------------------------
     def start(self, timeout_s: float = 240) -> LiveAirflow:
@@ -95,12 +130,8 @@ class LiveAirflow:
                                  text=True, timeout=300)
         if migrate.returncode:
             raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}")
-        for name in COMPONENTS:
-            log = open(self.log_path(name), "ab")  # noqa: SIM115 - the child owns it
-            self.procs[name] = subprocess.Popen([str(BIN / "airflow"), name], env=self.env, stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, cwd=self.root, preexec_fn=die_with_parent)
-            log.close()
+        for name, _, _ in self.components:
+            self.launch(name)
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
         self.api = _RetryingClient(base_url=self.url, timeout=30,
                                    headers={"Authorization": f"Bearer {self.token()}"})
@@ -125,6 +156,41 @@ class LiveAirflow:
 
         for gang_json in self.taxiway_home.glob("runs/*/train/gang.json"):
             local.cleanup(local.Handle.load(gang_json), grace_s=5)
+
+    def launch(self, name: str) -> None:
+        """Start component ``name`` (again) in a process group of its own."""
+        argv, env = next((argv, env) for n, argv, env in self.components if n == name)
+        with open(self.log_path(name), "ab") as log:
+            self.procs[name] = subprocess.Popen([str(BIN / "airflow"), *argv], env={**self.env, **env}, stdout=log,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, cwd=self.root, preexec_fn=die_with_parent)
+
+    @contextlib.contextmanager
+    def restarting(self, every_s: float = 1.0) -> Iterator[list[str]]:
+        """Components that exit meanwhile are started again, as Kubernetes restarts a container;
+        yields the names restarted, in order."""
+        stop, restarted = threading.Event(), []
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                for name, proc in list(self.procs.items()):
+                    if proc.poll() is not None:
+                        restarted.append(name)
+                        self.launch(name)
+
+        watcher = threading.Thread(target=loop, daemon=True)
+        watcher.start()
+        try:
+            yield restarted
+        finally:
+            stop.set()
+            watcher.join()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL component ``name`` and every process of its group (a machine lost, not a shutdown)."""
+        proc = self.procs.pop(name)
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
     def log_path(self, component: str) -> Path:
         return self.root / f"{component}.log"
@@ -190,15 +256,22 @@ class LiveAirflow:
 class _RetryingClient(httpx.Client):
     """On SQLite metadata the api-server answers any request 500 "Database error" when the scheduler
     held the write lock past SQLite's busy timeout; such an answer changed nothing and is retried
-    (any other answer, a 4xx included, is the request's own)."""
+    (any other answer, a 4xx included, is the request's own), as is a refused connection while an
+    api-server restarts."""
 
     def request(self, *args: Any, **kwargs: Any) -> httpx.Response:
-        for _ in range(5):
-            resp = super().request(*args, **kwargs)
-            if resp.status_code != 500 or "Database error" not in resp.text:
+        for attempt in range(30):  # an api-server restarting (a fault test) answers again within ~30 s
+            try:
+                resp = super().request(*args, **kwargs)
+            except httpx.TransportError:
+                if attempt == 29:
+                    raise
+                time.sleep(1)
+                continue
+            if resp.status_code != 500 or "Database error" not in resp.text or attempt >= 4:
                 return resp
             time.sleep(1)
-        return resp
+        raise AssertionError("unreachable")
 
 
 def die_with_parent() -> None:

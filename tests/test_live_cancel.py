@@ -17,12 +17,11 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 from live_airflow import wait_for
+from live_training import gang_handle, new_gang, stepping, task_process
 from trainer_corpus import gang_pids
 
 from pipelines.launch import local
@@ -35,48 +34,6 @@ GRACE_S = 20
 REPORT_S = 5
 CONF = {"train": {"steps": 100000}, "checkpoint": {"every_steps": 5},
         "compute": {"cancel_grace_s": GRACE_S, "report_every_s": REPORT_S}}
-
-
-def _handle(run_dir: Path) -> local.Handle | None:
-    try:
-        return local.Handle.load(local.handle_path(run_dir))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _new_gang(run_dir: Path, old: str | None, explain: Callable[[], str], timeout_s: float = 180) -> local.Handle:
-    return wait_for("a new gang", lambda: (h := _handle(run_dir)) and h.gang_id != old and h, timeout_s, every_s=0.02,
-                    explain=explain)
-
-
-def _stepping(run_dir: Path, handle: local.Handle, min_step: int) -> int:
-    """Wait until this gang's own status says running at ``min_step`` or later; returns the step."""
-    started = datetime.fromisoformat(handle.started_at).timestamp()
-
-    def probe():
-        try:
-            s = json.loads((run_dir / "status.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        fresh = s.get("heartbeat_at") and datetime.fromisoformat(s["heartbeat_at"]).timestamp() >= started
-        assert local.poll(handle).state == local.RUNNING, local.poll(handle).detail
-        return fresh and s["state"] == "running" and s["step"] >= min_step and s["step"]
-
-    return wait_for(f"gang {handle.gang_id} to reach step {min_step}", probe, 120, every_s=0.2)
-
-
-def _task_process(ti_id: str) -> int:
-    """The task runner of this try: Airflow titles it ``airflow worker -- <ti id>``."""
-    def probe():
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and f"airflow worker -- {ti_id}".encode() in (entry / "cmdline").read_bytes():
-                    return int(entry.name)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-        return None
-
-    return wait_for(f"the task process of {ti_id}", probe, 10, every_s=0.01)
 
 
 class Scenario:
@@ -105,16 +62,16 @@ class Scenario:
 
     def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:
         """Wait for the next launch; for ``running`` freeze the task process before it defers."""
-        handle = _new_gang(self.run_dir, self.gang_id, self.explain)
+        handle = new_gang(self.run_dir, self.gang_id, self.explain)
         self.gang_id = handle.gang_id
         frozen = None
         if phase == "running":
-            frozen = _task_process(self.ti()["id"])
+            frozen = task_process(self.ti()["id"])
             os.kill(frozen, signal.SIGSTOP)
             assert self.ti()["state"] == "running"
-            step = _stepping(self.run_dir, handle, 2)
+            step = stepping(self.run_dir, handle, 2)
         else:
-            step = _stepping(self.run_dir, handle, 2)
+            step = stepping(self.run_dir, handle, 2)
             wait_for("the gang task to defer", self.deferred, 180, explain=self.explain)
         return handle, step, frozen
 
@@ -158,15 +115,15 @@ def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 2.5 * RE
     """Across two of the trigger's report intervals, the gang task never leaves ``deferred``:
     a task woken for each report passes through scheduled/queued, where a cancel reaches neither
     the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
-    handle = _new_gang(scenario.run_dir, scenario.gang_id, scenario.explain)
-    _stepping(scenario.run_dir, handle, 2)
+    handle = new_gang(scenario.run_dir, scenario.gang_id, scenario.explain)
+    stepping(scenario.run_dir, handle, 2)
     wait_for("the gang task to defer", scenario.deferred, 180, explain=scenario.explain)
-    start, t0 = _stepping(scenario.run_dir, handle, 2), time.monotonic()
+    start, t0 = stepping(scenario.run_dir, handle, 2), time.monotonic()
     while time.monotonic() - t0 < watch_s:
         state = scenario.ti()["state"]
         assert state == "deferred", f"gang task left 'deferred' for '{state}' while its gang trains"
         time.sleep(0.25)
-    assert _stepping(scenario.run_dir, handle, start + 1) > start
+    assert stepping(scenario.run_dir, handle, start + 1) > start
 
     def progress_reported() -> bool:  # the trigger's reports (its first one imports MLflow: may lag)
         logs = (scenario.live.home / "logs").glob(f"dag_id={DAG}/run_id={scenario.run_id}/task_id={GANG}/"
@@ -228,7 +185,7 @@ def test_every_cancel_stops_the_gang(live_airflow):
         _every_cancel(scenarios, done)
     except BaseException:  # whatever failed, no gang of this test trains on beside the next tests
         for scenario in scenarios:
-            if handle := _handle(scenario.run_dir):
+            if handle := gang_handle(scenario.run_dir):
                 local.cleanup(handle, grace_s=5)
         raise
     finally:

@@ -1,0 +1,213 @@
+"""The production shape, run here: Airflow on PostgreSQL with the CeleryExecutor (Redis broker, two
+Celery workers), a separate scheduler, dag-processor, triggerer and api-server, and an MLflow tracking
+server (its own PostgreSQL database, proxied artifacts) that every task reaches through
+``MLFLOW_TRACKING_URI``. Each database is the test's own, dropped afterwards; the broker is a Redis
+database number of its own, flushed before and after."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+
+import psutil
+import pytest
+from live_airflow import CeleryShape, LiveAirflow, wait_for
+from live_training import new_gang, stepping, task_process
+from mlflow_server import mlflow_server
+from postgres import fresh_db, pg_uri
+from trainer_corpus import gang_pids
+
+from conftest import TINY, taxiway
+from pipelines.run_folder import safe_run_id
+
+pytestmark = pytest.mark.live
+DAG = "taxiway_train"
+MODEL = "taxiway-tiny-gpt"
+STEPS = 240  # long enough that the gang still trains when the retry comes (heartbeat timeout 30 s)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """The shape above, started once for the module; ``deployment.mlflow_uri`` is the tracking server."""
+    import redis
+
+    from pipelines.demo_data import write_demo_data
+
+    root = tmp_path_factory.mktemp("celery")
+    db_number = random.randint(1, 15)
+    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
+    broker.flushdb()
+    with fresh_db("taxiway_airflow") as metadata, mlflow_server(root / "mlflow") as tracking:
+        live = LiveAirflow(root / "airflow-deployment",
+                           extra_env={"TAXIWAY_CONFIG": str(TINY), "MLFLOW_TRACKING_URI": tracking.uri},
+                           celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}"))
+        write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
+        live.start()
+        live.mlflow_uri, live.tracking, live.databases = tracking.uri, tracking, (metadata, tracking.db)
+        try:
+            live.wait_dag(DAG)
+            live.unpause(DAG)
+            yield live
+        finally:
+            live.stop()
+            broker.flushdb()
+
+
+def _trigger(live: LiveAirflow, conf: dict) -> str:
+    """A run triggered with the official client (``apache-airflow-client``), as a user's script would."""
+    import airflow_client.client as af
+
+    api = af.ApiClient(af.Configuration(host=live.url, access_token=live.token()))
+    run = af.DagRunApi(api).trigger_dag_run(DAG, af.TriggerDAGRunPostBody(logical_date=None, conf=conf))
+    return run.dag_run_id
+
+
+def _worker_logs(live: LiveAirflow) -> dict[str, str]:
+    return {name: live.log_path(name).read_text(errors="replace") for name, _, _ in live.components
+            if name.startswith("celery-worker")}
+
+
+def test_a_training_run_succeeds_on_celery_workers_waiting_in_the_triggerer(deployment, monkeypatch):
+    live = deployment
+    run_id = _trigger(live, {"train": {"steps": 40}})
+    run = live.wait_run(DAG, run_id, timeout_s=600)
+    tis = live.task_instances(DAG, run_id)
+    assert run["state"] == "success", {k: ti["state"] for k, ti in tis.items()}
+
+    # every task that ran was executed by a Celery worker (each names the task it executes)
+    ran = {k for k, ti in tis.items() if ti["state"] == "success"}
+    logs = _worker_logs(live)
+    executed = {task for task in ran if any(f"'task_id': '{task}'" in log or f"task_id='{task}'" in log
+                                            for log in logs.values())}
+    assert executed == ran, (sorted(ran - executed), {k: v[-1500:] for k, v in logs.items()})
+    # the training task's wait was handed to the triggerer: its trigger's log is written by a
+    # TriggererJob (the file names the job) and holds the trigger's start, progress and event
+    jobs = live.api.get("/api/v2/jobs", params={"job_type": "TriggererJob"}).json()["jobs"]
+    (trigger_log,) = (live.home / "logs").glob(f"dag_id={DAG}/run_id={run_id}/task_id=train.gang/attempt=1.log.trigger.*.log")
+    assert int(trigger_log.name.split(".")[-2]) in {j["id"] for j in jobs}, (trigger_log.name, jobs)
+    lines = [json.loads(line) for line in trigger_log.read_text().splitlines()]
+    assert lines[0]["event"].endswith("starting") and any(r["event"] == "Trigger fired event" for r in lines)
+    assert any(r.get("logger", "").endswith("GangTrigger") and "succeeded step 40/40" in r["event"] for r in lines)
+
+    # registration, live metrics and generation went through the tracking server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", live.mlflow_uri)
+    from pipelines.registry import client
+
+    c = client()
+    mv = c.get_model_version_by_alias(MODEL, "champion")
+    assert mv.tags["airflow.run_id"] == run_id, mv.tags
+    assert len(c.get_metric_history(mv.run_id, "loss")) >= 4
+    out = taxiway("generate", f"models:/{MODEL}@champion", "--prompt", "def ", "--max-new-tokens", "8", check=True,
+                  env={"MLFLOW_TRACKING_URI": live.mlflow_uri, "TAXIWAY_HOME": str(live.taxiway_home)})
+    assert out.stdout.startswith("def "), out.stdout
+
+
+def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(deployment):
+    """The training task's worker is SIGKILLed (with its task process) while it holds the task, after
+    it launched the gang: the scheduler notices the missing heartbeats, the retry runs on the other
+    worker, takes over the gang or restarts it from the newest checkpoint, and the run succeeds with
+    no process of any gang left."""
+    live = deployment
+    run_id = _trigger(live, {"train": {"steps": STEPS}, "checkpoint": {"every_steps": 10}})
+    run_dir = live.taxiway_home / "runs" / safe_run_id(run_id)
+
+    def explain() -> str:
+        return json.dumps(live.task_instances(DAG, run_id).get("train.gang", {}), default=str)[:2000]
+
+    handle = new_gang(run_dir, None, explain, timeout_s=300)
+    ti = live.task_instance(DAG, run_id, "train.gang")
+    holder = task_process(ti["id"])
+    os.kill(holder, signal.SIGSTOP)  # the worker holds the task: it cannot defer now
+    stepping(run_dir, handle, 2)
+    ancestors = {p.pid for p in psutil.Process(holder).parents()}
+    worker = next(name for name, proc in live.procs.items() if name.startswith("celery-worker") and proc.pid in ancestors)
+    # the worker's machine is lost: every process it started dies at once, except the gang's nodes,
+    # which stand for pods on other machines
+    nodes = set(gang_pids(handle.gang_id))
+    doomed = [p for p in psutil.Process(live.procs[worker].pid).children(recursive=True) if p.pid not in nodes]
+    live.kill(worker)
+    for proc in doomed:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    assert set(gang_pids(handle.gang_id)) == nodes  # the gang trains on, its task's holder gone
+    killed_at = time.monotonic()
+    try:
+        run = live.wait_run(DAG, run_id, timeout_s=600)
+    finally:
+        live.launch(worker)
+    tis = live.task_instances(DAG, run_id)
+    assert run["state"] == "success", {k: (t["state"], t["try_number"]) for k, t in tis.items()}
+    assert tis["train.gang"]["try_number"] >= 2, tis["train.gang"]
+    model = json.loads((run_dir / "model" / "model.json").read_text())
+    assert model["global_step"] == STEPS
+    # the retry found the gang through the task's stored job id and took it over (still running, or
+    # done meanwhile), or found it dead and launched the next one from the newest valid checkpoint
+    retry = live.task_log(DAG, run_id, "train.gang", tis["train.gang"]["try_number"]) or ""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    outcome = next((o for o in ("Reconnecting to existing job", "Job already completed successfully",
+                                "Prior job in terminal state") if o in retry), None)
+    assert outcome, retry[-3000:]
+    if outcome.startswith("Prior"):
+        assert [e for e in events if e["event"] == "resumed" and e["global_step"] > 0], events[-20:]
+    gangs = {json.loads((run_dir / "train" / "gang.json").read_text())["gang_id"], handle.gang_id}
+    wait_for("no process of any gang of the run", lambda: not any(gang_pids(g) for g in gangs), 30)
+    assert not [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    print(f"worker {worker} killed; the run succeeded {time.monotonic() - killed_at:.0f}s later, train.gang try "
+          f"{tis['train.gang']['try_number']}: {outcome}")
+
+
+def _outage(databases: tuple[str, ...], seconds: float) -> None:
+    """PostgreSQL gone for ``seconds``, for these databases only: new connections refused, every
+    existing one terminated, again and again; then connections allowed back."""
+    from postgres import admin
+
+    conn = admin()
+    cur = conn.cursor()
+    try:
+        for db in databases:
+            cur.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ANY(%s) "
+                        "AND pid <> pg_backend_pid()", (list(databases),))
+            time.sleep(0.5)
+    finally:
+        for db in databases:
+            cur.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+        conn.close()
+
+
+def test_the_database_going_away_while_training_and_the_tracking_server_while_registering(deployment, monkeypatch):
+    """One run: PostgreSQL refuses the deployment's databases for 10 s while the gang trains (the
+    components that exit on it are restarted, as Kubernetes would), then the MLflow server is
+    stopped while the run registers and started again 10 s later. The run succeeds: the gang's wait
+    survives in a restarted triggerer, the registration's retries carry it through, and the run has
+    exactly one version, with its alias decided."""
+    live = deployment
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", live.mlflow_uri)
+    from pipelines.registry import client
+
+    run_id = _trigger(live, {"train": {"steps": 200}})
+    wait_for("the gang to train", lambda: live.task_instance(DAG, run_id, "train.gang")["state"] == "deferred", 600)
+    with live.restarting() as restarted:
+        _outage(live.databases, 10)
+        wait_for("registration to start", lambda: live.task_instance(DAG, run_id, "register.model_version")["state"]
+                 in ("running", "success", "failed", "up_for_retry"), 600, every_s=0.1)
+        live.tracking.stop()
+        time.sleep(10)
+        live.tracking.start()
+        run = live.wait_run(DAG, run_id, timeout_s=600)
+    tis = live.task_instances(DAG, run_id)
+    retried = {k: t["try_number"] for k, t in tis.items() if t["try_number"] > 1}
+    print(f"PostgreSQL away 10 s, then MLflow 10 s: run {run['state']}; restarted: {restarted}; retried: {retried}")
+    assert run["state"] == "success", {k: (t["state"], t["try_number"]) for k, t in tis.items()}
+    register = tis["register.model_version"]
+    log = live.task_log(DAG, run_id, "register.model_version", register["try_number"]) or ""
+    assert "MLflow unavailable" in log or register["try_number"] > 1, log[-3000:]
+    ours = [v for v in client().search_model_versions(f"name = '{MODEL}'") if v.tags.get("airflow.run_id") == run_id]
+    aliases = client().get_model_version(MODEL, ours[0].version).aliases if len(ours) == 1 else None  # search omits them
+    assert aliases and set(aliases) <= {"champion", "challenger"}, (ours, aliases)
