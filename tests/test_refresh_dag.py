@@ -246,13 +246,15 @@ def test_the_land_dag_lands_a_batch_and_its_outlet_announces_it(airflow_db, home
     the landing zone naming it (what starts ``taxiway_refresh``; live: tests/test_live_refresh.py).
     A folder outside the data roots is refused, nothing landed."""
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.models.asset import AssetEvent
+    from airflow.models.asset import AssetActive, AssetEvent
     from airflow.utils.session import create_session
 
     from pipelines.refresh import landing
     from taxiway_airflow.params import form_defaults
 
     form_defaults.cache_clear()  # parsed with this test's TAXIWAY_HOME, as the task runs with it
+    with create_session() as session:  # the session's Airflow DB knows the asset at other tests' homes
+        session.query(AssetActive).filter(AssetActive.name == landing.ASSET_NAME).delete()
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_land"]
     src = source(home / "incoming" / "b9", new_files(demo_data, 0, 3))
     dr = dag.test(run_conf={"source": str(src), "batch_id": "b9"})
