@@ -65,19 +65,17 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
     assert json.loads(Path(os.environ["TAXIWAY_HOME"], "refresh", "attempts.json").read_text())
 
-    # another DAG's outlet: taxiway_land, triggered over REST, lands b2; its success starts the next refresh
+    # another DAG's outlet: taxiway_land, triggered over REST, lands b2 — b1's files again, so the
+    # refresh it starts finds nothing new to train and skips after assemble (quick, and still a run)
     live.wait_dag("taxiway_land")
     live.unpause("taxiway_land")
-    src = source(live.taxiway_home / "incoming" / "b2", new_files(live.taxiway_home / "demo-data", 30, 24))
+    src = source(live.taxiway_home / "incoming" / "b2", sorted((src / "train").iterdir())[:6])
     resp = live.trigger("taxiway_land", {"source": str(src), "batch_id": "b2"})
     assert resp.status_code == 200, resp.text
     assert live.wait_run("taxiway_land", resp.json()["dag_run_id"], timeout_s=120)["state"] == "success"
     run = wait_for("the scheduler to create a refresh run from taxiway_land's outlet", lambda: asset_run(1), 120,
                    every_s=1)
-    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=600)
-    assert run["state"] == "success", live.task_instances(DAG, run["dag_run_id"])
-    ran = [k for k, ti in live.task_instances(DAG, run["dag_run_id"]).items() if ti["state"] == "success"]
-    assert "register.model_version" in ran, ran
+    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=300)
+    states = {k: ti["state"] for k, ti in live.task_instances(DAG, run["dag_run_id"]).items()}
+    assert run["state"] == "success" and states.pop("plan") == "success" and states.pop("assemble") == "skipped", states
     print(f"refresh run {run['dag_run_id']} (from taxiway_land's outlet) took {_seconds(run):.1f}s")
-    batches = {v.tags.get("taxiway.refresh.batches") for v in client().search_model_versions("name = 'taxiway-tiny-gpt'")}
-    assert "b2" in batches, batches
