@@ -20,7 +20,7 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test lint venv airflow mlflow-ui bench clean
+.PHONY: demo test lint venv airflow prod-local mlflow-ui bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
@@ -49,11 +49,15 @@ test: lint
 	$(BIN)/pytest -n 2 --durations=25
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench
+	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench deploy
 	$(BIN)/hadolint docker/*.Dockerfile
 
 airflow: $(AIRFLOW_DB) $(DEMO_DATA)
 	$(BIN)/airflow standalone
+
+# The production shape by hand (docs/deploy.md): PostgreSQL + CeleryExecutor + Redis + MLflow server.
+prod-local: $(STAMP)
+	$(BIN)/python deploy/prod_local.py
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(TAXIWAY_HOME)/mlflow.db --host 127.0.0.1 --port 5000

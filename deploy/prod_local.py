@@ -1,0 +1,68 @@
+"""`make prod-local`: the production shape on this machine, by hand — the same processes
+tests/test_live_celery.py starts: Airflow on a fresh PostgreSQL database with the CeleryExecutor
+(Redis broker, two Celery workers), scheduler, dag-processor, triggerer and api-server, and an MLflow
+tracking server on its own PostgreSQL database with proxied artifacts. Prints the URLs and the admin
+password, runs until Ctrl-C, then stops every process and drops both databases.
+
+Needs PostgreSQL at 127.0.0.1:5432 (trust auth) and Redis at 127.0.0.1:6379.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+
+from live_airflow import CeleryShape, LiveAirflow  # noqa: E402
+from mlflow_server import mlflow_server  # noqa: E402
+from postgres import fresh_db, pg_uri  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=REPO / ".taxiway" / "prod-local",
+                    help="AIRFLOW_HOME, TAXIWAY_HOME, logs and MLflow artifacts go here")
+    ap.add_argument("--config", type=Path, default=REPO / "configs" / "tiny.yaml")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    import redis
+
+    from pipelines.demo_data import write_demo_data
+
+    db_number = random.randint(1, 15)
+    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
+    broker.flushdb()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with fresh_db("taxiway_airflow") as metadata, mlflow_server(args.root / "mlflow") as tracking:
+        live = LiveAirflow(args.root / "deployment",
+                           extra_env={"TAXIWAY_CONFIG": str(args.config), "MLFLOW_TRACKING_URI": tracking.uri},
+                           celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}", args.workers))
+        if not (live.taxiway_home / "demo-data" / "manifest.jsonl").exists():
+            write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
+        live.start()
+        try:
+            print(f"Airflow UI/API : {live.url}  (user admin, password {live.password})\n"
+                  f"MLflow         : {tracking.uri}\n"
+                  f"metadata       : {pg_uri(metadata)} (dropped on exit)\n"
+                  f"broker         : redis://127.0.0.1:6379/{db_number}\n"
+                  f"logs           : {live.root}/*.log\n"
+                  f"TAXIWAY_HOME   : {live.taxiway_home}\n"
+                  "Ctrl-C stops everything.", flush=True)
+            try:
+                done.wait()
+            except KeyboardInterrupt:
+                pass
+        finally:
+            live.stop()
+            broker.flushdb()
+
+
+if __name__ == "__main__":
+    main()
