@@ -263,7 +263,7 @@ class _RetryingClient(httpx.Client):
         for attempt in range(30):  # an api-server restarting (a fault test) answers again within ~30 s
             try:
                 resp = super().request(*args, **kwargs)
-            except httpx.TransportError:
+            except httpx.ConnectError:  # nothing was sent: safe to send again
                 if attempt == 29:
                     raise
                 time.sleep(1)

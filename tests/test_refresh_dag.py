@@ -239,32 +239,3 @@ def test_a_refresh_decontaminates_and_stays_challenger_once_the_champion_left_it
     trained_on = c.get_run(v1.run_id).data.params  # the lineage's corpus, as the champion's run logged it
     assert ledger["base"] == {**{k: trained_on[f"data.{k}"] for k in ("train", "val", "manifest")}, "format": None}
 
-
-def test_the_land_dag_lands_a_batch_and_its_outlet_announces_it(airflow_db, home: Path, demo_data: Path,
-                                                                 tmp_path: Path):
-    """``taxiway_land``: the folder lands as a batch and the task's outlet records an asset event of
-    the landing zone naming it (what starts ``taxiway_refresh``; live: tests/test_live_refresh.py).
-    A folder outside the data roots is refused, nothing landed."""
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.models.asset import AssetActive, AssetEvent
-    from airflow.utils.session import create_session
-
-    from pipelines.refresh import landing
-    from taxiway_airflow.params import form_defaults
-
-    form_defaults.cache_clear()  # parsed with this test's TAXIWAY_HOME, as the task runs with it
-    with create_session() as session:  # the session's Airflow DB knows the asset at other tests' homes
-        session.query(AssetActive).filter(AssetActive.name == landing.ASSET_NAME).delete()
-    dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_land"]
-    src = source(home / "incoming" / "b9", new_files(demo_data, 0, 3))
-    dr = dag.test(run_conf={"source": str(src), "batch_id": "b9"})
-    assert str(dr.state) == "success", _states(dr)
-    (batch,) = landing.scan(home / "landing")[0]
-    assert batch.id == "b9" and batch.files == 3
-    with create_session() as session:
-        extras = [e.extra for e in session.query(AssetEvent).filter(AssetEvent.source_run_id == dr.run_id)]
-    assert extras == [{"batch_id": "b9", "manifest_sha256": batch.manifest_sha256, "files": 3}], extras
-
-    outside = source(tmp_path / "elsewhere", new_files(demo_data, 3, 2))
-    dr = dag.test(run_conf={"source": str(outside), "batch_id": "b10"})
-    assert str(dr.state) == "failed" and [b.id for b in landing.scan(home / "landing")[0]] == ["b9"]

@@ -102,8 +102,7 @@ def test_a_dead_holders_lease_is_broken_by_exactly_one_waiter(on_server, tmp_pat
     assert c.search_registered_models(f"name LIKE '{prefix}%'") == [], "a lock or a break token was left behind"
 
 
-def test_registration_moves_the_champion_and_generate_loads_it_through_the_server(on_server, session_home: Path,
-                                                                                  demo_data, home: Path):
+def test_registration_moves_the_champion_and_generate_loads_it_through_the_server(on_server, demo_data, home: Path):
     """Champion by the floor, then beaten by a better model evaluated against it (downloaded through
     the server's artifact proxy); ``taxiway generate models:/NAME@champion`` loads the new one."""
     from pipelines import stages
@@ -112,7 +111,8 @@ def test_registration_moves_the_champion_and_generate_loads_it_through_the_serve
     name = f"server-{uuid.uuid4().hex[:6]}"
     results = []
     for label, steps in (("reg-weak", 5), ("reg-medium", 60)):
-        trained = make_run(session_home, label, steps, [f"name={label}"])
+        trained = make_run(home, label, steps, [f"name={label}"])  # its own home: a session run built under
+        # this test's TAXIWAY_HOME would point other tests at this test's cache
         run_dir = clone_run(home, trained, f"{name}-{label}", [f"registry.model_name={name}", f"name={name}",
                                                                "registry.retry_backoff_s=0.2"])
         cfg = stages.load_run_config(run_dir)
