@@ -93,6 +93,9 @@ class LiveAirflow:
         self.password = secrets.token_urlsafe(12)
         self.procs: dict[str, subprocess.Popen] = {}
         self.api: httpx.Client | None = None
+        self._watcher: threading.Thread | None = None  # see restarting()
+        self._restart_into: list[str] | None = None
+        self._launching, self._stopping = threading.Lock(), threading.Event()
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(self.home),
@@ -142,6 +145,9 @@ class LiveAirflow:
         any training gang of this home that a failed test left behind."""
         if self.api is not None:
             self.api.close()
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
         for proc in self.procs.values():
             signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -168,23 +174,29 @@ class LiveAirflow:
     @contextlib.contextmanager
     def restarting(self, every_s: float = 1.0) -> Iterator[list[str]]:
         """Components that exit meanwhile are started again, as Kubernetes restarts a container;
-        yields the names restarted, in order."""
-        stop, restarted = threading.Event(), []
-
-        def loop() -> None:
-            while not stop.wait(every_s):
-                for name, proc in list(self.procs.items()):
-                    if proc.poll() is not None:
-                        restarted.append(name)
-                        self.launch(name)
-
-        watcher = threading.Thread(target=loop, daemon=True)
-        watcher.start()
+        yields the names restarted, in order. The watcher thread that relaunches them lives until
+        ``stop()``: a child's parent-death signal (``die_with_parent``) follows the *thread* that
+        started it, so a watcher ending with the block would take its relaunches down with it."""
+        restarted: list[str] = []
+        self._restart_into = restarted
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, args=(every_s,), daemon=True)
+            self._watcher.start()
         try:
             yield restarted
         finally:
-            stop.set()
-            watcher.join()
+            with self._launching:
+                self._restart_into = None
+
+    def _watch(self, every_s: float) -> None:
+        while not self._stopping.wait(every_s):
+            with self._launching:
+                if self._restart_into is None:
+                    continue
+                for name, proc in list(self.procs.items()):
+                    if proc.poll() is not None:
+                        self._restart_into.append(name)
+                        self.launch(name)
 
     def kill(self, name: str) -> None:
         """SIGKILL component ``name`` and every process of its group (a machine lost, not a shutdown)."""
