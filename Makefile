@@ -46,7 +46,7 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 	@$(BIN)/taxiway summary
 
 test: lint
-	$(BIN)/pytest -n 2 --durations=25
+	$(BIN)/pytest -n 3 --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench deploy
