@@ -18,6 +18,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -85,18 +86,31 @@ def _not_plain(spec: dict) -> str | None:
     return None
 
 
-def _tiktoken(spec: dict) -> Encode:
+def tiktoken_encoding(spec: dict):
+    """The tiktoken ``Encoding`` of a plain byte-level BPE (``tokenizer.json`` as a dict): its
+    tokens as bytes, ranked by id, GPT-2's split pattern, no special tokens (EOS is added by packing)."""
     import tiktoken
 
     special = {t["content"] for t in spec.get("added_tokens", [])}
     to_byte = _byte_level_alphabet()
     ranks = {bytes(to_byte[ch] for ch in token): idx
              for token, idx in spec["model"]["vocab"].items() if token not in special}
-    enc = tiktoken.Encoding("taxiway-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
-    threads = os.cpu_count() or 1
+    return tiktoken.Encoding("taxiway-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity: a cpuset, ``taskset``), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _tiktoken(spec: dict) -> Encode:
+    enc = tiktoken_encoding(spec)
+    # tiktoken's encode_ordinary_batch starts a thread pool per call; one pool for the encoder's
+    # life instead, shared by concurrent callers, so documents of the next batch queue behind this one's
+    pool = ThreadPoolExecutor(cores(), thread_name_prefix="taxiway-tiktoken")
 
     def tiktoken_bpe(texts: list[str]) -> list[list[int]]:
-        return enc.encode_ordinary_batch(texts, num_threads=threads)
+        return list(pool.map(enc.encode_ordinary, texts))
 
     return tiktoken_bpe
 
