@@ -9,6 +9,7 @@ APIs) and the tokenize stage size themselves by the process's affinity.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -89,3 +90,25 @@ def start() -> dict:
 def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
+
+
+def arguments(child: tuple[str, ...], slow: str) -> argparse.Namespace:
+    """The options both benchmarks take; ``--child`` (internal) runs one measurement."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slow-repeats", type=int, default=1, help=f"repeats of {slow}")
+    ap.add_argument("--corpora", default="x1,x10")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--child", nargs=len(child), metavar=child, help=argparse.SUPPRESS)
+    ap.add_argument("--cores", default=ALL, help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def finish(script: str, args: argparse.Namespace, notes: str, figures: dict, table: str, started: dict) -> None:
+    """Write the record and the table (``write``), print the table and where they went."""
+    name = Path(script).stem.removesuffix("_bench")
+    command = (f".venv/bin/python bench/{Path(script).name} --repeats {args.repeats} --slow-repeats {args.slow_repeats} "
+               f"--corpora {args.corpora}")
+    path = write(name, command, notes, figures, table, args.out, started)
+    print(table)
+    print(f"wrote {path} and {path.with_suffix('.md')} in {time.perf_counter() - started['t0']:.0f} s")

@@ -39,7 +39,6 @@ writes ``preflight.json`` (raw figures) and ``preflight.md`` (the tables) in ``-
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -63,7 +62,7 @@ ONE_PROCESS = {"taxiway": ("taxiway", 1, harness.ONE), "datasketch": ("datasketc
                "rensa_r": ("rensa_r", 1, harness.ONE), "rensa_c": ("rensa_c", 1, harness.ONE),
                "datatrove": ("datatrove", 1, harness.ONE)}
 MULTI_PROCESS = {"taxiway:2": ("taxiway", 2, harness.ALL), "datatrove:2": ("datatrove", 2, harness.ALL)}
-SLOW = {"datatrove"}  # ~40x slower than taxiway: --slow-repeats
+SLOW = {"datatrove"}  # the slowest method: --slow-repeats
 BANDS_J = {"ge_0.85": (0.85, 2.0), "0.80_0.85": (0.80, 0.85), "0.70_0.80": (0.70, 0.80), "0.70_0.85": (0.70, 0.85)}
 
 
@@ -93,6 +92,10 @@ def build_corpora(base: Path) -> dict[str, Path]:
 
 def _texts(folder: Path) -> list[tuple[str, str]]:
     return [(f"{folder.name}/{p.name}", p.read_text()) for p in sorted(folder.iterdir())]
+
+
+def _token_sets(docs: list[tuple[str, str]]) -> list[list[bytes]]:
+    return [list(_shingle_strings(text)) for _, text in docs]
 
 
 def _shingle_strings(text: str) -> set[bytes]:
@@ -128,7 +131,7 @@ def run_datasketch(data: Path) -> dict:
 
     t = time.perf_counter()
     train = _texts(data / "train")
-    sigs = MinHash.bulk([list(_shingle_strings(text)) for _, text in train], num_perm=NUM_PERM,
+    sigs = MinHash.bulk(_token_sets(train), num_perm=NUM_PERM,
                         hashfunc=xxhash.xxh32_intdigest)
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, params=(BANDS, ROWS))
     with lsh.insertion_session() as session:
@@ -137,7 +140,7 @@ def run_datasketch(data: Path) -> dict:
     by_key = {key: m for (key, _), m in zip(train, sigs, strict=True)}
     val = _texts(data / "val")
     pairs = []
-    for (key, _), m in zip(val, MinHash.bulk([list(_shingle_strings(text)) for _, text in val], num_perm=NUM_PERM,
+    for (key, _), m in zip(val, MinHash.bulk(_token_sets(val), num_perm=NUM_PERM,
                                              hashfunc=xxhash.xxh32_intdigest), strict=True):
         pairs += [(c, key) for c in lsh.query(m) if by_key[c].jaccard(m) >= THRESHOLD]
     return {"seconds": time.perf_counter() - t, "pairs": pairs}
@@ -148,12 +151,12 @@ def run_rensa_r(data: Path) -> dict:
 
     t = time.perf_counter()
     train = _texts(data / "train")
-    sigs = RMinHash.from_token_sets([list(_shingle_strings(text)) for _, text in train],
+    sigs = RMinHash.from_token_sets(_token_sets(train),
                                     num_perm=NUM_PERM, seed=1)
     lsh = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=BANDS)
     lsh.insert_many(sigs)
     val = _texts(data / "val")
-    val_sigs = RMinHash.from_token_sets([list(_shingle_strings(text)) for _, text in val],
+    val_sigs = RMinHash.from_token_sets(_token_sets(val),
                                         num_perm=NUM_PERM, seed=1)
     pairs = [(train[c][0], key) for (key, _), m, hits in zip(val, val_sigs, lsh.query_all(val_sigs), strict=True)
              for c in hits if sigs[c].jaccard(m) >= THRESHOLD]
@@ -165,7 +168,7 @@ def run_rensa_c(data: Path) -> dict:
 
     t = time.perf_counter()
     train = _texts(data / "train")
-    sigs = CMinHash.from_token_sets([list(_shingle_strings(text)) for _, text in train],
+    sigs = CMinHash.from_token_sets(_token_sets(train),
                                     num_perm=NUM_PERM, seed=1)
     tables: list[dict[tuple, list[int]]] = [defaultdict(list) for _ in range(BANDS)]
     for i, m in enumerate(sigs):
@@ -174,7 +177,7 @@ def run_rensa_c(data: Path) -> dict:
             table[tuple(digest[b * ROWS:(b + 1) * ROWS])].append(i)
     val = _texts(data / "val")
     pairs = []
-    for (key, _), m in zip(val, CMinHash.from_token_sets([list(_shingle_strings(text)) for _, text in val],
+    for (key, _), m in zip(val, CMinHash.from_token_sets(_token_sets(val),
                                                          num_perm=NUM_PERM, seed=1), strict=True):
         digest = m.digest()
         hits = {c for b, table in enumerate(tables) for c in table.get(tuple(digest[b * ROWS:(b + 1) * ROWS]), ())}
@@ -377,14 +380,7 @@ def tables(figures: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slow-repeats", type=int, default=1, help="repeats of datatrove (~40x slower)")
-    ap.add_argument("--corpora", default="x1,x10")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--child", nargs=3, metavar=("METHOD", "DATA", "WORKERS"))
-    ap.add_argument("--cores", default=harness.ALL)
-    args = ap.parse_args()
+    args = harness.arguments(("METHOD", "DATA", "WORKERS"), "datatrove (the slowest)")
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]), args.cores)
         return
@@ -426,15 +422,10 @@ def main() -> None:
             figures["corpora"][name] = row
             print(json.dumps({name: {"ratios": row["ratios"], "pairs_j_ge_0.70": row["pairs_j_ge_0.70"]}}), flush=True)
     text = tables(figures)
-    command = (f".venv/bin/python bench/preflight_bench.py --repeats {args.repeats} --slow-repeats {args.slow_repeats} "
-               f"--corpora {args.corpora}")
     notes = ("Each measurement a fresh process, timed after imports, from reading the files to the pairs; one-process "
              "methods pinned to one core; taxiway speed-up = method median / taxiway (1 process) median; "
              "accuracy against exact Jaccard of every val x train pair.")
-    path = harness.write("preflight", command, notes, figures, text, args.out, started)
-    print(text)
-    print(f"wrote {path} and {path.with_suffix('.md')} in {time.perf_counter() - started['t0']:.0f} s")
-
+    harness.finish(__file__, args, notes, figures, text, started)
 
 if __name__ == "__main__":
     main()

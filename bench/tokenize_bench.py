@@ -25,7 +25,6 @@ writes ``tokenize.json`` (raw figures) and ``tokenize.md`` (the table) in ``--ou
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -170,14 +169,7 @@ def table(figures: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slow-repeats", type=int, default=1, help="repeats of hf_fast (5x slower than the ceiling)")
-    ap.add_argument("--corpora", default="x1,x10")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--child", nargs=3, metavar=("METHOD", "DATA", "TOKENIZER"))
-    ap.add_argument("--cores", default=harness.ALL)
-    args = ap.parse_args()
+    args = harness.arguments(("METHOD", "DATA", "TOKENIZER"), "hf_fast (5x slower than the ceiling)")
     if args.child:
         child(*args.child, args.cores)
         return
@@ -214,15 +206,10 @@ def main() -> None:
         rss = [figures["corpora"][c]["cores"][harness.ALL]["taxiway"]["peak_rss_mib"] for c in ("x1", "x10")]
         figures["taxiway_peak_rss_x10_over_x1"] = round(rss[1] / rss[0], 2)
     text = table(figures)
-    command = (f".venv/bin/python bench/tokenize_bench.py --repeats {args.repeats} --slow-repeats {args.slow_repeats} "
-               f"--corpora {args.corpora}")
     notes = ("Each measurement a fresh process, timed after imports and reading the texts (taxiway: end to end "
              "from the manifest); 'cores 1' = pinned to one core; tokens exclude EOS separators; speed vs "
              "tiktoken = tiktoken median / method median.")
-    path = harness.write("tokenize", command, notes, figures, text, args.out, started)
-    print(text)
-    print(f"wrote {path} and {path.with_suffix('.md')} in {time.perf_counter() - started['t0']:.0f} s")
-
+    harness.finish(__file__, args, notes, figures, text, started)
 
 if __name__ == "__main__":
     main()
