@@ -106,9 +106,9 @@ def run_engine(method: str, data: Path, tok_path: Path) -> dict:
             return [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
     t = time.perf_counter()
     ids = {split: encode(texts[split]) for split in SPLITS}
-    seconds = time.perf_counter() - t
+    seconds, peak = time.perf_counter() - t, harness.peak_mib()  # before the checksums below
     digests = {split: _digest(ids[split], eos) for split in SPLITS}
-    return {"seconds": seconds, "tokens": sum(n for _, n in digests.values()),
+    return {"seconds": seconds, "peak_rss_mib": peak, "tokens": sum(n for _, n in digests.values()),
             "sha256": {split: d for split, (d, _) in digests.items()}}
 
 
@@ -129,6 +129,7 @@ def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
     warm = tokenize.run(cfg)
     warm_s = time.perf_counter() - t
     assert not cold.cache_hit and warm.cache_hit
+    peak = harness.peak_mib()  # before the checksums below
     m = cold.manifest()
     sha = {}
     for split in SPLITS:
@@ -137,7 +138,7 @@ def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
             digest.update(np.load(cold.path / shard["path"]).astype(np.uint32).tobytes())
         sha[split] = digest.hexdigest()
     tokens = sum(s["tokens"] - s["documents"] for s in m["splits"].values())
-    return {"seconds": cold_s, "warm_seconds": warm_s, "tokens": tokens, "sha256": sha,
+    return {"seconds": cold_s, "warm_seconds": warm_s, "peak_rss_mib": peak, "tokens": tokens, "sha256": sha,
             "encoder": m["stats"]["encoder"]}
 
 
@@ -149,7 +150,7 @@ def child(method: str, data: str, tok: str, cores: str) -> None:
             out = run_taxiway(Path(data), Path(tok), Path(scratch))
         else:
             out = run_engine(method, Path(data), Path(tok))
-    out["peak_rss_mib"] = harness.peak_mib()
+    out.setdefault("peak_rss_mib", harness.peak_mib())
     print(json.dumps(out))
 
 
