@@ -1,48 +1,75 @@
-"""Preflight benchmark: train/val overlap detection and manifest hashing, side by side.
+"""Preflight benchmark: train/val overlap detection side by side on one process each, the
+multi-process figures apart, every method's pairs diffed against exact Jaccard; manifest hashing.
 
-Same corpus, same parameters (128 permutations, 5-word shingles, threshold 0.8), each method in
-its own fresh process (timed after imports; peak RSS = the process's VmHWM):
+Same corpus, same parameters (128 permutations, 5-word shingles, threshold 0.8, LSH 16 bands x 8
+rows — the optimum for 0.8 with recall weighted, as Taxiway derives it); each method in its own
+fresh process, timed after imports, from reading the files to the pairs; peak RSS = VmHWM.
+"One process" is pinned to one core, so thread pools inside a library (rensa's batch APIs) get
+one core too.
 
-- taxiway: ``pipelines.preflight.overlap`` with 1 and 2 worker processes;
-- datasketch: plain usage — one ``MinHash`` per document with ``update_batch`` of the shingle
-  strings, ``MinHashLSH.insert``/``query``, candidates kept when ``MinHash.jaccard`` >= 0.8;
-- rensa: the same with ``RMinHash``/``RMinHashLSH`` (16 bands).
+- taxiway: ``pipelines.preflight.overlap.check_overlap`` (numpy shingles and signatures, datasketch
+  LSH with batch-computed keys, exact confirmation), 1 worker process; 2 worker processes apart;
+- datasketch as its docs advise for speed: ``MinHash.bulk`` with xxhash (``xxh32_intdigest``),
+  ``MinHashLSH`` filled in an ``insertion_session``, candidates kept when ``MinHash.jaccard`` >= 0.8;
+- rensa ``RMinHash``: ``RMinHash.from_token_sets``, ``RMinHashLSH.insert_many`` / ``query_all``,
+  candidates kept when the sketch's ``jaccard`` >= 0.8;
+- rensa ``CMinHash``: ``CMinHash.from_token_sets``; rensa has no LSH for it, so bands of its
+  digests go into dicts (the same 16 x 8), candidates kept when ``jaccard`` >= 0.8;
+- datatrove: its MinHash pipeline, signature -> buckets -> cluster (``MinhashDedupSignature``,
+  ``MinhashDedupBuckets``, ``MinhashDedupCluster`` on ``LocalPipelineExecutor``), 16 buckets x 8
+  hashes, words split as Taxiway splits them and no punctuation/number normalization; train and
+  val as one corpus (datatrove deduplicates a corpus); its pairs are the train/val pairs inside
+  each cluster it forms. 1 worker on one core; 2 workers apart.
 
-Corpora: the demo corpus (stdlib sources) and a 10x set built from it with planted
-near-duplicates (each document in 10 variants with 0-35% of words replaced, variants spread
-over train and val). Accuracy: exact Jaccard by brute force (Python sets of shingle strings) of
-sampled val documents against every train document. Manifest hashing: ``sha256sum`` vs
-``pipelines.manifest.hash_files`` with 1 and 2 threads, warm page cache.
+datasketch and rensa get the same shingles, built the plain-Python way a user would (regex words,
+joined 5-grams); Python shingling is part of their time, as numpy shingling is part of Taxiway's.
 
-    .venv/bin/python bench/preflight_bench.py [--repeats 3] [--out bench/results/preflight.json]
+Accuracy: the exact Jaccard of every val x train pair (shingle strings hashed with xxh64, a sparse
+product of document x shingle matrices), then per method recall for J >= 0.85, in the band
+0.80-0.85 and 0.70-0.80 (where the planted variants sit), and what it reported below 0.70 and 0.80.
+
+Corpora: the demo corpus (x1) and a 10x set built from it with planted near-duplicates (each
+document in 10 variants with 0-35% of words replaced, variants spread over train and val).
+Manifest hashing: ``sha256sum`` vs ``pipelines.manifest.hash_files`` with 1 and 2 threads.
+
+    .venv/bin/python bench/preflight_bench.py [--repeats 3] [--slow-repeats 1] [--corpora x1,x10] [--out bench/results]
+
+writes ``preflight.json`` (raw figures) and ``preflight.md`` (the tables) in ``--out``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
-NUM_PERM, SHINGLE, THRESHOLD = 128, 5, 0.8
+REPO = harness.REPO
+NUM_PERM, SHINGLE, THRESHOLD, BANDS, ROWS = 128, 5, 0.8, 16, 8
 MUTATION = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.35)
 _WORD = re.compile(rb"[a-z0-9_\x80-\xff]+")  # taxiway's word definition, on ASCII-lower-cased UTF-8
+# name: (method, workers, cores)
+ONE_PROCESS = {"taxiway": ("taxiway", 1, harness.ONE), "datasketch": ("datasketch", 1, harness.ONE),
+               "rensa_r": ("rensa_r", 1, harness.ONE), "rensa_c": ("rensa_c", 1, harness.ONE),
+               "datatrove": ("datatrove", 1, harness.ONE)}
+MULTI_PROCESS = {"taxiway:2": ("taxiway", 2, harness.ALL), "datatrove:2": ("datatrove", 2, harness.ALL)}
+SLOW = {"datatrove"}  # the slowest method: --slow-repeats
+BANDS_J = {"ge_0.85": (0.85, 2.0), "0.80_0.85": (0.80, 0.85), "0.70_0.80": (0.70, 0.80), "0.70_0.85": (0.70, 0.85)}
 
 
 # --- corpora -------------------------------------------------------------------------------
 
 def build_corpora(base: Path) -> dict[str, Path]:
+    sys.path.insert(0, str(REPO))
     from pipelines import manifest
     from pipelines.demo_data import write_demo_data
 
@@ -67,6 +94,10 @@ def _texts(folder: Path) -> list[tuple[str, str]]:
     return [(f"{folder.name}/{p.name}", p.read_text()) for p in sorted(folder.iterdir())]
 
 
+def _token_sets(docs: list[tuple[str, str]]) -> list[list[bytes]]:
+    return [list(_shingle_strings(text)) for _, text in docs]
+
+
 def _shingle_strings(text: str) -> set[bytes]:
     """The shingles, built the plain-Python way a datasketch or rensa user would."""
     words = _WORD.findall(text.encode().lower())
@@ -89,46 +120,145 @@ def run_taxiway(data: Path, workers: int) -> dict:
 
     t = time.perf_counter()
     result = check_overlap(cfg, workers=workers)
-    return {"seconds": time.perf_counter() - t, "pairs": [(p["train"], p["val"]) for p in result.details["pairs"]]}
+    seconds = time.perf_counter() - t
+    assert (result.details["lsh_bands"], result.details["lsh_rows"]) == (BANDS, ROWS)
+    return {"seconds": seconds, "pairs": [(p["train"], p["val"]) for p in result.details["pairs"]]}
 
 
 def run_datasketch(data: Path) -> dict:
+    import xxhash
     from datasketch import MinHash, MinHashLSH
 
     t = time.perf_counter()
-    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
-    train = {}
-    for key, text in _texts(data / "train"):
-        m = MinHash(num_perm=NUM_PERM)
-        m.update_batch(list(_shingle_strings(text)))
-        lsh.insert(key, m)
-        train[key] = m
+    train = _texts(data / "train")
+    sigs = MinHash.bulk(_token_sets(train), num_perm=NUM_PERM,
+                        hashfunc=xxhash.xxh32_intdigest)
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, params=(BANDS, ROWS))
+    with lsh.insertion_session() as session:
+        for (key, _), m in zip(train, sigs, strict=True):
+            session.insert(key, m)
+    by_key = {key: m for (key, _), m in zip(train, sigs, strict=True)}
+    val = _texts(data / "val")
     pairs = []
-    for key, text in _texts(data / "val"):
-        m = MinHash(num_perm=NUM_PERM)
-        m.update_batch(list(_shingle_strings(text)))
-        pairs += [(c, key) for c in lsh.query(m) if train[c].jaccard(m) >= THRESHOLD]
+    for (key, _), m in zip(val, MinHash.bulk(_token_sets(val), num_perm=NUM_PERM,
+                                             hashfunc=xxhash.xxh32_intdigest), strict=True):
+        pairs += [(c, key) for c in lsh.query(m) if by_key[c].jaccard(m) >= THRESHOLD]
     return {"seconds": time.perf_counter() - t, "pairs": pairs}
 
 
-def run_rensa(data: Path) -> dict:
+def run_rensa_r(data: Path) -> dict:
     from rensa import RMinHash, RMinHashLSH
 
     t = time.perf_counter()
-    lsh = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=16)
-    train, keys = [], []
-    for i, (key, text) in enumerate(_texts(data / "train")):
-        m = RMinHash(num_perm=NUM_PERM, seed=1)
-        m.update([s.decode() for s in _shingle_strings(text)])
-        lsh.insert(i, m)
-        train.append(m)
-        keys.append(key)
-    pairs = []
-    for key, text in _texts(data / "val"):
-        m = RMinHash(num_perm=NUM_PERM, seed=1)
-        m.update([s.decode() for s in _shingle_strings(text)])
-        pairs += [(keys[c], key) for c in lsh.query(m) if train[c].jaccard(m) >= THRESHOLD]
+    train = _texts(data / "train")
+    sigs = RMinHash.from_token_sets(_token_sets(train),
+                                    num_perm=NUM_PERM, seed=1)
+    lsh = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=BANDS)
+    lsh.insert_many(sigs)
+    val = _texts(data / "val")
+    val_sigs = RMinHash.from_token_sets(_token_sets(val),
+                                        num_perm=NUM_PERM, seed=1)
+    pairs = [(train[c][0], key) for (key, _), m, hits in zip(val, val_sigs, lsh.query_all(val_sigs), strict=True)
+             for c in hits if sigs[c].jaccard(m) >= THRESHOLD]
     return {"seconds": time.perf_counter() - t, "pairs": pairs}
+
+
+def run_rensa_c(data: Path) -> dict:
+    from rensa import CMinHash
+
+    t = time.perf_counter()
+    train = _texts(data / "train")
+    sigs = CMinHash.from_token_sets(_token_sets(train),
+                                    num_perm=NUM_PERM, seed=1)
+    tables: list[dict[tuple, list[int]]] = [defaultdict(list) for _ in range(BANDS)]
+    for i, m in enumerate(sigs):
+        digest = m.digest()
+        for b, table in enumerate(tables):
+            table[tuple(digest[b * ROWS:(b + 1) * ROWS])].append(i)
+    val = _texts(data / "val")
+    pairs = []
+    for (key, _), m in zip(val, CMinHash.from_token_sets(_token_sets(val),
+                                                         num_perm=NUM_PERM, seed=1), strict=True):
+        digest = m.digest()
+        hits = {c for b, table in enumerate(tables) for c in table.get(tuple(digest[b * ROWS:(b + 1) * ROWS]), ())}
+        pairs += [(train[c][0], key) for c in hits if sigs[c].jaccard(m) >= THRESHOLD]
+    return {"seconds": time.perf_counter() - t, "pairs": pairs}
+
+
+def run_datatrove(data: Path, workers: int, scratch: Path) -> dict:
+    import xxhash
+    from datatrove.data import Document
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupSignature,
+    )
+    from datatrove.utils.text import TextNormConfig
+    from datatrove.utils.word_tokenizers import WordTokenizer
+
+    class Words(WordTokenizer):
+        """Taxiway's words (runs of [a-z0-9_] and non-ASCII), so every method shingles alike."""
+
+        pattern = re.compile(r"[a-z0-9_\u0080-\U0010ffff]+")
+
+        def word_tokenize(self, text: str) -> list[str]:
+            return self.pattern.findall(text)
+
+        def sent_tokenize(self, text: str) -> list[str]:
+            return [text]
+
+        def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+            return [m.span() for m in self.pattern.finditer(text)]
+
+    paths = sorted((data / "train").iterdir()) + sorted((data / "val").iterdir())
+
+    def read(_data, rank: int = 0, world_size: int = 1):
+        for path in paths[rank::world_size]:
+            yield Document(text=path.read_text(), id=f"{path.parent.name}/{path.name}")
+
+    config = MinhashConfig(n_grams=SHINGLE, num_buckets=BANDS, hashes_per_bucket=ROWS, seed=1,
+                           norm_config=TextNormConfig(norm_whitespace=False, remove_punctuation=False,
+                                                      norm_unicode_diacritics=False, norm_numbers=False))
+    sigs, buckets, clusters, logs = (scratch / n for n in ("sigs", "buckets", "clusters", "logs"))
+    signature = MinhashDedupSignature(output_folder=str(sigs), config=config, language=Words())
+    # datatrove 0.10.1 declares xxhash<4, which hashed str as UTF-8; the venv pins 4.1.0,
+    # which wants bytes: the same hash, given the bytes
+    signature._hash_func = lambda text: xxhash.xxh64_intdigest(text.encode())
+    steps = [([read, signature], workers),
+             ([MinhashDedupBuckets(input_folder=str(sigs), output_folder=str(buckets), config=config)], BANDS),
+             ([MinhashDedupCluster(input_folder=str(buckets), output_folder=str(clusters), config=config)], 1)]
+    t = time.perf_counter()
+    for i, (pipeline, tasks) in enumerate(steps):
+        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks), start_method="fork",
+                              logging_dir=str(logs / str(i)), skip_completed=False).run()
+    seconds = time.perf_counter() - t
+    return {"seconds": seconds, "pairs": _datatrove_pairs(buckets, paths, workers)}
+
+
+def _datatrove_pairs(buckets: Path, paths: list[Path], workers: int) -> list[tuple[str, str]]:
+    """The train/val pairs inside each cluster datatrove forms (its cluster step unites the
+    duplicate pairs of every bucket; a cluster keeps one document). Read after the timed run."""
+    import numpy as np
+
+    parent = list(range(len(paths)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for f in buckets.glob("*.dups"):
+        for f1, d1, f2, d2 in np.fromfile(f, dtype="<u4").reshape(-1, 4).tolist():
+            if f1 != 0xFFFFFFFF:  # SENTINEL rows name index matches; there is no index here
+                parent[find(f1 + d1 * workers)] = find(f2 + d2 * workers)
+    members = defaultdict(list)
+    for i in range(len(paths)):
+        members[find(i)].append(f"{paths[i].parent.name}/{paths[i].name}")
+    return [(t, v) for group in members.values() if len(group) > 1
+            for t in group if t.startswith("train/") for v in group if v.startswith("val/")]
 
 
 def run_hash(data: Path, workers: int) -> dict:
@@ -141,32 +271,17 @@ def run_hash(data: Path, workers: int) -> dict:
     return {"seconds": time.perf_counter() - t}
 
 
-def _peak_mib() -> float:
-    """This process's peak RSS (VmHWM: unlike ru_maxrss it does not carry the parent's peak
-    over fork + exec); threads included, worker processes not (see ``child``)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def child(method: str, data: str, workers: int) -> None:
-    fn = {"taxiway": lambda: run_taxiway(Path(data), workers), "datasketch": lambda: run_datasketch(Path(data)),
-          "rensa": lambda: run_rensa(Path(data)), "hash": lambda: run_hash(Path(data), workers)}[method]
-    out = fn()
-    out["peak_rss_mib"] = _peak_mib()
-    # the largest forked worker's peak (it counts the pages it still shares with this process)
-    out["worker_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def child(method: str, data: str, workers: int, cores: str) -> None:
+    harness.pin(cores)
+    sys.path.insert(0, str(REPO))
+    path = Path(data)
+    with tempfile.TemporaryDirectory() as scratch:
+        out = {"taxiway": lambda: run_taxiway(path, workers), "datasketch": lambda: run_datasketch(path),
+               "rensa_r": lambda: run_rensa_r(path), "rensa_c": lambda: run_rensa_c(path),
+               "datatrove": lambda: run_datatrove(path, workers, Path(scratch)),
+               "hash": lambda: run_hash(path, workers)}[method]()
+    out["peak_rss_mib"] = harness.peak_mib()
     print(json.dumps(out))
-
-
-def measure(method: str, data: Path, workers: int = 1) -> dict:
-    # No method uses BLAS; OpenBLAS's threads spin for a while after numpy/scipy import and would
-    # take a core from the start of a timed run, a large share of the short x1 runs (docs/benchmarks.md).
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--child", method, str(data), str(workers)],
-                          capture_output=True, text=True, check=True, env=env)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def sha256sum(data: Path) -> float:
@@ -178,64 +293,125 @@ def sha256sum(data: Path) -> float:
 
 # --- accuracy ------------------------------------------------------------------------------
 
-def accuracy(data: Path, reported: list[tuple[str, str]], sample: int, seed: int = 0) -> dict:
-    train = [(k, _shingle_strings(t)) for k, t in _texts(data / "train")]
-    val = _texts(data / "val")
-    chosen = random.Random(seed).sample(val, min(sample, len(val)))
-    chosen_keys = {k for k, _ in chosen}
-    truth = {}
-    for vkey, text in chosen:
-        vs = _shingle_strings(text)
-        for tkey, ts in train:
-            inter = len(vs & ts)
-            if inter:
-                truth[(tkey, vkey)] = inter / (len(vs) + len(ts) - inter)
-    got = {p for p in map(tuple, reported) if p[1] in chosen_keys}
-    must = {p for p, j in truth.items() if j >= THRESHOLD + 0.05}
-    false = {p for p in got if truth.get(p, 0.0) <= THRESHOLD - 0.1}
-    return {"val_sampled": len(chosen), "true_pairs_j_ge_0.85": len(must), "found_of_those": len(must & got),
-            "recall": len(must & got) / len(must) if must else None, "reported": len(got), "false_j_le_0.7": len(false),
-            "precision": 1 - len(false) / max(1, len(got))}
+def exact_jaccard(data: Path, floor: float = 0.5) -> dict[tuple[str, str], float]:
+    """Exact shingle Jaccard of every val x train pair at or above ``floor`` (shingle strings
+    hashed with xxh64: a collision among the corpus's ~10^7 shingles has odds ~10^-5)."""
+    import numpy as np
+    import xxhash
+    from scipy import sparse
 
+    def matrix(docs: list[tuple[str, str]]) -> tuple[list[str], list[np.ndarray]]:
+        return [k for k, _ in docs], [np.unique(np.fromiter((xxhash.xxh64_intdigest(s) for s in _shingle_strings(t)),
+                                                            np.uint64)) for _, t in docs]
+
+    train_keys, train_sets = matrix(_texts(data / "train"))
+    val_keys, val_sets = matrix(_texts(data / "val"))
+    sets = train_sets + val_sets
+    _, column = np.unique(np.concatenate(sets), return_inverse=True)
+    rows = np.repeat(np.arange(len(sets)), [len(s) for s in sets])
+    m = sparse.csr_matrix((np.ones(len(rows), np.int32), (rows, column.ravel())), shape=(len(sets), column.max() + 1))
+    inter = (m[len(train_sets):] @ m[:len(train_sets)].T).tocoo()
+    sizes = np.array([len(s) for s in sets])
+    union = sizes[len(train_sets) + inter.row] + sizes[inter.col] - inter.data
+    j = inter.data / union
+    keep = j >= floor
+    return {(train_keys[t], val_keys[v]): float(x) for v, t, x in zip(inter.row[keep], inter.col[keep], j[keep],
+                                                                      strict=True)}
+
+
+def accuracy(reported: list[tuple[str, str]], truth: dict[tuple[str, str], float]) -> dict:
+    """Recall per Jaccard band, and what was reported below 0.70 and 0.80 (exact J; < 0.5 counts as 0)."""
+    got = set(map(tuple, reported))
+    out: dict = {"reported": len(got)}
+    for name, (lo, hi) in BANDS_J.items():
+        true = {p for p, j in truth.items() if lo <= j < hi}
+        out[name] = {"true": len(true), "found": len(true & got),
+                     "recall": round(len(true & got) / len(true), 4) if true else None}
+    below = {p: truth.get(p, 0.0) for p in got}
+    out["reported_below_0.70"] = sum(j < 0.70 for j in below.values())
+    out["reported_below_0.80"] = sum(j < 0.80 for j in below.values())
+    out["missed_ge_0.85"] = sorted(([t, v, round(j, 3)] for (t, v), j in truth.items() if j >= 0.85 and (t, v) not in got),
+                                   key=lambda x: -x[2])[:5]
+    out["false_below_0.70"] = sorted([t, v, round(j, 3)] for (t, v), j in below.items() if j < 0.70)[:5]
+    return out
+
+
+# --- main ----------------------------------------------------------------------------------
 
 def _mb(data: Path) -> float:
     return sum(p.stat().st_size for split in ("train", "val") for p in (data / split).iterdir()) / 1e6
 
 
+def _measure_all(methods: dict, data: Path, repeats: int, slow_repeats: int, mb: float) -> tuple[dict, dict]:
+    rows, pairs = {}, {}
+    for name, (method, workers, cores) in methods.items():
+        n = slow_repeats if method in SLOW else repeats
+        runs = [harness.measure(__file__, [method, str(data), str(workers)], cores) for _ in range(n)]
+        rows[name] = {**harness.summary(runs), "workers": workers, "cores": cores, "pairs": len(set(map(tuple, runs[0]["pairs"])))}
+        rows[name]["mb_per_s"] = round(mb / rows[name]["median_s"], 2)
+        pairs[name] = runs[0]["pairs"]
+        print(json.dumps({name: {k: rows[name][k] for k in ("median_s", "pairs")}}), flush=True)
+    return rows, pairs
+
+
+def tables(figures: dict) -> str:
+    out = []
+    for name, row in figures["corpora"].items():
+        out.append(f"### {name}: {row['mb']} MB, {row['documents']} documents\n")
+        for title, group, ours in (("one process each (pinned to one core)", "one_process", "taxiway"),
+                                   ("multi-process (all cores)", "multi_process", "taxiway:2")):
+            rows = []
+            for m, r in row[group].items():
+                acc = row["accuracy"][m]
+                rows.append([m, r["median_s"], r["mb_per_s"], r["peak_rss_mib"], r["pairs"],
+                             f"{acc['ge_0.85']['found']}/{acc['ge_0.85']['true']}",
+                             f"{acc['0.80_0.85']['found']}/{acc['0.80_0.85']['true']}",
+                             f"{acc['0.70_0.80']['found']}/{acc['0.70_0.80']['true']}",
+                             acc["reported_below_0.80"], acc["reported_below_0.70"],
+                             row["ratios"].get(f"{ours}_vs_{m}", "")])
+            out.append(f"{title}\n\n" + harness.markdown(
+                ["method", "median s", "MB/s", "peak RSS MiB", "pairs", "J>=0.85 found", "0.80-0.85 found",
+                 "0.70-0.80 found", "reported J<0.80", "reported J<0.70", f"{ours} speed-up"], rows))
+        h = row["hashing"]
+        out.append(f"manifest hashing: sha256sum {h['sha256sum_mb_per_s']} MB/s, taxiway 1 thread "
+                   f"{h['taxiway_1_thread_mb_per_s']} MB/s ({h['per_core_vs_sha256sum']}x), 2 threads "
+                   f"{h['taxiway_2_threads_mb_per_s']} MB/s\n")
+    return "\n".join(out)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sample", type=int, default=60, help="val documents checked by brute force")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--child", nargs=3, metavar=("METHOD", "DATA", "WORKERS"))
-    args = ap.parse_args()
+    args = harness.arguments(("METHOD", "DATA", "WORKERS"), "datatrove (the slowest)")
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1], int(args.child[2]), args.cores)
         return
-    results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-                     "params": {"num_perm": NUM_PERM, "shingle_words": SHINGLE, "threshold": THRESHOLD}}
+    started = harness.start()
+    figures: dict = {"params": {"num_perm": NUM_PERM, "shingle_words": SHINGLE, "threshold": THRESHOLD,
+                                "bands": BANDS, "rows": ROWS},
+                     "repeats": args.repeats, "slow_repeats": args.slow_repeats, "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp:
         corpora = build_corpora(Path(tmp))
-        for name, data in corpora.items():
-            row: dict = {"mb": round(_mb(data), 2), "documents": sum(1 for s in ("train", "val") for _ in (data / s).iterdir())}
-            methods = {"taxiway:1": ("taxiway", 1), "taxiway:2": ("taxiway", 2),
-                       "datasketch": ("datasketch", 1), "rensa": ("rensa", 1)}
-            runs = {m: [measure(method, data, workers) for _ in range(args.repeats)]
-                    for m, (method, workers) in methods.items()}
-            for m, rs in runs.items():
-                sec = statistics.median(r["seconds"] for r in rs)
-                row[m] = {"median_s": round(sec, 3), "mb_per_s": round(row["mb"] / sec, 2),
-                          "peak_rss_mib": round(max(r["peak_rss_mib"] for r in rs), 1),
-                          "worker_peak_rss_mib": round(max(r["worker_peak_rss_mib"] for r in rs), 1),
-                          "pairs": len(rs[0]["pairs"])}
-            t1 = row["taxiway:1"]["median_s"]
-            row["speedup_vs_datasketch"] = round(row["datasketch"]["median_s"] / t1, 2)
-            row["speedup_vs_rensa"] = round(row["rensa"]["median_s"] / t1, 2)
-            row["speedup_1_to_2_processes"] = round(t1 / row["taxiway:2"]["median_s"], 2)
-            row["accuracy"] = accuracy(data, runs["taxiway:1"][0]["pairs"], args.sample)
+        for name in args.corpora.split(","):
+            data = corpora[name]
+            row: dict = {"mb": round(_mb(data), 2),
+                         "documents": sum(1 for s in ("train", "val") for _ in (data / s).iterdir())}
+            row["one_process"], one_pairs = _measure_all(ONE_PROCESS, data, args.repeats, args.slow_repeats, row["mb"])
+            row["multi_process"], multi_pairs = _measure_all(MULTI_PROCESS, data, args.repeats, args.slow_repeats,
+                                                             row["mb"])
+            t1 = row["one_process"]["taxiway"]["median_s"]
+            row["ratios"] = {f"taxiway_vs_{m}": round(r["median_s"] / t1, 2) for m, r in row["one_process"].items()
+                             if m != "taxiway"}
+            row["ratios"]["taxiway:2_vs_datatrove:2"] = round(row["multi_process"]["datatrove:2"]["median_s"]
+                                                              / row["multi_process"]["taxiway:2"]["median_s"], 2)
+            row["ratios"]["taxiway_1_to_2_processes"] = round(t1 / row["multi_process"]["taxiway:2"]["median_s"], 2)
+            truth = exact_jaccard(data)
+            row["accuracy"] = {m: accuracy(p, truth) for m, p in {**one_pairs, **multi_pairs}.items()}
+            true = {p for p, j in truth.items() if j >= 0.70}
+            found = [set(map(tuple, p)) & true for p in {**one_pairs, **multi_pairs}.values()]
+            row["pairs_j_ge_0.70"] = {"true": len(true), "found_by_every_method": len(set.intersection(*found)),
+                                      "found_by_some_method": len(set.union(*found))}
             sha = statistics.median(sha256sum(data) for _ in range(args.repeats + 1))
-            h1 = [measure("hash", data, 1) for _ in range(args.repeats)]
-            h2 = [measure("hash", data, 2) for _ in range(args.repeats)]
+            h1 = [harness.measure(__file__, ["hash", str(data), "1"], harness.ALL) for _ in range(args.repeats)]
+            h2 = [harness.measure(__file__, ["hash", str(data), "2"], harness.ALL) for _ in range(args.repeats)]
             row["hashing"] = {
                 "sha256sum_mb_per_s": round(row["mb"] / sha, 1),
                 "taxiway_1_thread_mb_per_s": round(row["mb"] / statistics.median(r["seconds"] for r in h1), 1),
@@ -243,12 +419,13 @@ def main() -> None:
                 "peak_rss_mib_1_thread": round(max(r["peak_rss_mib"] for r in h1), 1)}
             row["hashing"]["per_core_vs_sha256sum"] = round(
                 row["hashing"]["taxiway_1_thread_mb_per_s"] / row["hashing"]["sha256sum_mb_per_s"], 2)
-            results[name] = row
-            print(json.dumps({name: row}, indent=2), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
-
+            figures["corpora"][name] = row
+            print(json.dumps({name: {"ratios": row["ratios"], "pairs_j_ge_0.70": row["pairs_j_ge_0.70"]}}), flush=True)
+    text = tables(figures)
+    notes = ("Each measurement a fresh process, timed after imports, from reading the files to the pairs; one-process "
+             "methods pinned to one core; taxiway speed-up = method median / taxiway (1 process) median; "
+             "accuracy against exact Jaccard of every val x train pair.")
+    harness.finish(__file__, args, notes, figures, text, started)
 
 if __name__ == "__main__":
     main()

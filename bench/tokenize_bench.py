@@ -1,89 +1,127 @@
-"""Tokenize-and-pack benchmark, side by side, same texts, same tokenizer (8k byte-level BPE
-trained on the demo corpus's train split):
+"""Tokenize-and-pack against its true ceiling: the engine it runs, on the same texts in memory.
 
-- raw: ``Tokenizer.encode_batch`` over the texts already in memory (batches of 512), all cores;
-- taxiway: ``pipelines.tokenize.run`` end to end (read files, tokenize, pack windows, write shards),
-  cold cache, then warm (cache hit); it encodes with ``pipelines.tokenize.engine`` (tiktoken, which
-  gives this tokenizer's ids exactly — tested — so every method produces the same ids);
-- megatron-style: ``multiprocessing.Pool(cores)`` calling ``tokenizer.encode`` per document and
-  writing the ids to a binary file;
-- datasets: HF ``Dataset.map(batched=True, num_proc=cores)`` calling ``encode_batch``, ids written out.
+Same texts, same tokenizer (8192-token byte-level BPE trained on the demo train split):
 
-Corpora: the demo corpus (1x) and 10 copies of it under other names (10x). Each measurement in
-its own fresh process, timed after imports; peak RSS = the process's VmHWM.
+- tiktoken: raw ``Encoding.encode_ordinary_batch`` over the texts already in memory, built from
+  the tokenizer exactly as the stage builds it (``engine.tiktoken_encoding``) — the stage's own
+  engine, so the ceiling of the stage (target: stage >= 0.85x its speed);
+- tiktoken_numpy: the call the stage makes, ``encode_to_numpy`` per document (ids as one uint32
+  buffer each, no Python ints) on a pool of the process's cores, over the same texts in memory;
+- hf_fast: HF ``Tokenizer.encode_batch_fast`` (no offsets) over the same texts in memory;
+- taxiway: ``pipelines.tokenize.run`` end to end (manifest, read files, encode, pack windows,
+  write shards and the token cache), cold cache, then warm (cache hit).
 
-    .venv/bin/python bench/tokenize_bench.py [--repeats 3]
+Every method runs on one core (pinned) and on all cores, each measurement in a fresh process,
+timed after imports and after reading the texts; medians of ``--repeats`` (``--slow-repeats`` for
+hf_fast, about 5x slower than the ceiling, to keep the whole run near 5 minutes). Every method's ids
+are checked equal: per split, the sha256 of the stream the stage packs (ids, EOS after each
+document, cut to whole ``seq_len + 1`` windows). Corpora: the demo corpus (1x) and ten copies
+under other names (10x).
+
+    .venv/bin/python bench/tokenize_bench.py [--repeats 3] [--corpora x1,x10] [--out bench/results]
+
+writes ``tokenize.json`` (raw figures) and ``tokenize.md`` (the table) in ``--out``.
 """
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing import Pool
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-VOCAB = 8192
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+REPO = harness.REPO
+VOCAB, SEQ_LEN, EOS = 8192, 1024, "<|endoftext|>"
+METHODS = ("tiktoken", "tiktoken_numpy", "hf_fast", "taxiway")
+SPLITS = ("train", "val")
+SLOW = {"hf_fast"}
 
 
 def build(base: Path) -> dict[str, Path]:
+    sys.path.insert(0, str(REPO))
     from pipelines import manifest
-    from pipelines.config import load_config
+    from pipelines.config import TokenizerConfig
     from pipelines.demo_data import write_demo_data
     from pipelines.tokenize import bpe
 
     one = base / "x1"
     write_demo_data(one, seed=0)
     ten = base / "x10"
-    for split in ("train", "val"):
+    for split in SPLITS:
         (ten / split).mkdir(parents=True)
         for copy in range(10):
             for f in (one / split).iterdir():
                 shutil.copyfile(f, ten / split / f"c{copy}-{f.name}")
     manifest.write(ten / "manifest.jsonl", manifest.scan(ten))
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [f"tokenizer.vocab_size={VOCAB}"])
     texts = (p.read_text() for p in sorted((one / "train").iterdir()))
-    bpe.train(texts, cfg.tokenizer).save(str(base / "tokenizer.json"))
+    bpe.train(texts, TokenizerConfig(vocab_size=VOCAB, eos_token=EOS)).save(str(base / "tokenizer.json"))
     return {"x1": one, "x10": ten}
 
 
-def _files(data: Path) -> list[Path]:
-    return sorted((data / "train").iterdir()) + sorted((data / "val").iterdir())
+def _texts(data: Path) -> dict[str, list[str]]:
+    """Per split, the documents in the order the stage packs them (by manifest path)."""
+    return {split: [p.read_text() for p in sorted((data / split).iterdir())] for split in SPLITS}
 
 
-def _peak_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def _digest(ids: list, eos: int) -> tuple[str, int]:
+    """sha256 of the packed stream of these documents (EOS after each, whole windows only) and its tokens."""
+    import numpy as np
+
+    sep = np.array([eos], np.uint32)
+    stream = np.concatenate([piece for doc in ids for piece in (np.asarray(doc, np.uint32), sep)])
+    stream = stream[:len(stream) // (SEQ_LEN + 1) * (SEQ_LEN + 1)]
+    return hashlib.sha256(stream.tobytes()).hexdigest(), sum(map(len, ids))
 
 
-def run_raw(data: Path, tok_path: Path) -> dict:
-    from tokenizers import Tokenizer
+def run_engine(method: str, data: Path, tok_path: Path) -> dict:
+    from pipelines.tokenize import bpe, engine
 
-    tok = Tokenizer.from_file(str(tok_path))
-    texts = [p.read_text() for p in _files(data)]
+    tok = bpe.load(tok_path, EOS)
+    eos = tok.token_to_id(EOS)
+    texts = _texts(data)
+    spec = json.loads(tok_path.read_text())
+    if method == "tiktoken":
+        enc, threads = engine.tiktoken_encoding(spec), engine.cores()
+
+        def encode(batch: list[str]) -> list[list[int]]:
+            return enc.encode_ordinary_batch(batch, num_threads=threads)
+    elif method == "tiktoken_numpy":
+        enc = engine.tiktoken_encoding(spec, {t["content"]: t["id"] for t in spec["added_tokens"]})
+        one = partial(enc.encode_to_numpy, allowed_special=frozenset(), disallowed_special=())
+        pool = ThreadPoolExecutor(engine.cores())
+
+        def encode(batch: list[str]) -> list:
+            return list(pool.map(one, batch))
+    else:
+        def encode(batch: list[str]) -> list[list[int]]:
+            return [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
     t = time.perf_counter()
-    tokens = sum(len(e.ids) for i in range(0, len(texts), 512) for e in tok.encode_batch(texts[i:i + 512]))
-    return {"seconds": time.perf_counter() - t, "tokens": tokens}
+    ids = {split: encode(texts[split]) for split in SPLITS}
+    seconds, peak = time.perf_counter() - t, harness.peak_mib()  # before the checksums below
+    digests = {split: _digest(ids[split], eos) for split in SPLITS}
+    return {"seconds": seconds, "peak_rss_mib": peak, "tokens": sum(n for _, n in digests.values()),
+            "sha256": {split: d for split, (d, _) in digests.items()}}
 
 
 def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
     os.environ["TAXIWAY_HOME"] = str(home)
+    import numpy as np
+
     from pipelines import tokenize
     from pipelines.config import load_config
 
     cfg = load_config(REPO / "configs" / "tiny.yaml", [
         f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
-        f"tokenizer.path={tok_path}", "pack.seq_len=1024", "model.block_size=1024"])
+        f"tokenizer.path={tok_path}", f"pack.seq_len={SEQ_LEN}", f"model.block_size={SEQ_LEN}"])
     t = time.perf_counter()
     cold = tokenize.run(cfg)
     cold_s = time.perf_counter() - t
@@ -91,112 +129,88 @@ def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
     warm = tokenize.run(cfg)
     warm_s = time.perf_counter() - t
     assert not cold.cache_hit and warm.cache_hit
+    peak = harness.peak_mib()  # before the checksums below
     m = cold.manifest()
-    tokens = sum(s["tokens"] for s in m["splits"].values()) - sum(s["documents"] for s in m["splits"].values())
-    return {"seconds": cold_s, "warm_seconds": warm_s, "tokens": tokens}
+    sha = {}
+    for split in SPLITS:
+        digest = hashlib.sha256()
+        for shard in m["splits"][split]["shards"]:
+            digest.update(np.load(cold.path / shard["path"]).astype(np.uint32).tobytes())
+        sha[split] = digest.hexdigest()
+    tokens = sum(s["tokens"] - s["documents"] for s in m["splits"].values())
+    return {"seconds": cold_s, "warm_seconds": warm_s, "peak_rss_mib": peak, "tokens": tokens, "sha256": sha,
+            "encoder": m["stats"]["encoder"]}
 
 
-_TOK = None
-
-
-def _init(path: str) -> None:
-    global _TOK
-    from tokenizers import Tokenizer
-
-    _TOK = Tokenizer.from_file(path)
-
-
-def _encode_file(path: str) -> list[int]:
-    return _TOK.encode(Path(path).read_text()).ids
-
-
-def run_megatron(data: Path, tok_path: Path, out: Path) -> dict:
-    import numpy as np
-
-    t = time.perf_counter()
-    tokens = 0
-    with Pool(os.cpu_count(), initializer=_init, initargs=(str(tok_path),)) as pool, open(out, "wb") as fh:
-        for ids in pool.imap(_encode_file, [str(p) for p in _files(data)], chunksize=16):
-            np.asarray(ids, dtype=np.uint16).tofile(fh)
-            tokens += len(ids)
-    return {"seconds": time.perf_counter() - t, "tokens": tokens}
-
-
-def _encode_paths(batch: dict, tok_path: str) -> dict:
-    if _TOK is None:
-        _init(tok_path)
-    texts = [Path(p).read_text() for p in batch["path"]]
-    return {"ids": [e.ids for e in _TOK.encode_batch(texts)]}
-
-
-def run_datasets(data: Path, tok_path: Path, scratch: Path) -> dict:
-    """HF ``datasets``: ``Dataset.map(batched=True, num_proc=cores)``, then the ids written out."""
-    import datasets
-    import numpy as np
-
-    datasets.disable_progress_bars()
-    t = time.perf_counter()
-    ds = datasets.Dataset.from_dict({"path": [str(p) for p in _files(data)]})
-    out = ds.map(_encode_paths, fn_kwargs={"tok_path": str(tok_path)}, batched=True, batch_size=64,
-                 num_proc=os.cpu_count(), remove_columns=["path"], load_from_cache_file=False,
-                 cache_file_name=str(scratch / "map.arrow"))
-    tokens = 0
-    with open(scratch / "ids.bin", "wb") as fh:
-        for batch in out.iter(batch_size=256):
-            for ids in batch["ids"]:
-                np.asarray(ids, dtype=np.uint16).tofile(fh)
-                tokens += len(ids)
-    return {"seconds": time.perf_counter() - t, "tokens": tokens}
-
-
-def child(method: str, data: str, tok: str, scratch: str) -> None:
-    data_p, tok_p, scratch_p = Path(data), Path(tok), Path(scratch)
-    out = {"raw": lambda: run_raw(data_p, tok_p),
-           "taxiway": lambda: run_taxiway(data_p, tok_p, scratch_p),
-           "megatron": lambda: run_megatron(data_p, tok_p, scratch_p / "ids.bin"),
-           "datasets": lambda: run_datasets(data_p, tok_p, scratch_p)}[method]()
-    out["peak_rss_mib"] = _peak_mib()
+def child(method: str, data: str, tok: str, cores: str) -> None:
+    harness.pin(cores)
+    sys.path.insert(0, str(REPO))
+    with tempfile.TemporaryDirectory() as scratch:
+        if method == "taxiway":
+            out = run_taxiway(Path(data), Path(tok), Path(scratch))
+        else:
+            out = run_engine(method, Path(data), Path(tok))
+    out.setdefault("peak_rss_mib", harness.peak_mib())
     print(json.dumps(out))
 
 
-def measure(method: str, data: Path, tok: Path) -> dict:
-    with tempfile.TemporaryDirectory() as scratch:
-        proc = subprocess.run([sys.executable, __file__, "--child", method, str(data), str(tok), scratch],
-                              capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def table(figures: dict) -> str:
+    rows = []
+    for name, row in figures["corpora"].items():
+        for cores, by in row["cores"].items():
+            for method in METHODS:
+                m = by[method]
+                rows.append([name, cores, method, m["median_s"], f"{m['tokens_per_s'] / 1e6:.2f} M",
+                             m["peak_rss_mib"], m.get("warm_median_s", ""),
+                             by["ratios"].get(f"{method}_vs_tiktoken", "")])
+    header = ["corpus", "cores", "method", "median s", "tokens/s", "peak RSS MiB", "warm s", "speed vs tiktoken"]
+    same = "yes" if figures["same_ids_all_methods"] else "**NO**"
+    return (harness.markdown(header, rows)
+            + f"\nSame ids (sha256 of each split's packed stream) across all methods and core counts: {same}.\n")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--child", nargs=4)
-    args = ap.parse_args()
+    args = harness.arguments(("METHOD", "DATA", "TOKENIZER"), "hf_fast (5x slower than the ceiling)")
     if args.child:
-        child(*args.child)
+        child(*args.child, args.cores)
         return
-    results = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(), "vocab": VOCAB}
+    started = harness.start()
+    figures: dict = {"vocab": VOCAB, "seq_len": SEQ_LEN, "repeats": args.repeats, "slow_repeats": args.slow_repeats,
+                     "corpora": {}}
+    digests = set()
     with tempfile.TemporaryDirectory() as tmp:
         corpora = build(Path(tmp))
         tok = Path(tmp) / "tokenizer.json"
-        for name, data in corpora.items():
-            row = {}
-            for method in ("raw", "taxiway", "megatron", "datasets"):
-                runs = [measure(method, data, tok) for _ in range(args.repeats)]
-                sec = statistics.median(r["seconds"] for r in runs)
-                row[method] = {"median_s": round(sec, 3), "tokens": runs[0]["tokens"],
-                               "tokens_per_s": round(runs[0]["tokens"] / sec),
-                               "peak_rss_mib": round(max(r["peak_rss_mib"] for r in runs), 1)}
-                if method == "taxiway":
-                    row[method]["warm_median_s"] = round(statistics.median(r["warm_seconds"] for r in runs), 3)
-            row["taxiway_vs_raw"] = round(row["taxiway"]["tokens_per_s"] / row["raw"]["tokens_per_s"], 3)
-            row["taxiway_vs_megatron"] = round(row["taxiway"]["tokens_per_s"] / row["megatron"]["tokens_per_s"], 2)
-            row["taxiway_vs_datasets"] = round(row["taxiway"]["tokens_per_s"] / row["datasets"]["tokens_per_s"], 2)
-            results[name] = row
-            print(json.dumps({name: row}, indent=2), flush=True)
-        results["taxiway_peak_rss_x10_over_x1"] = round(
-            results["x10"]["taxiway"]["peak_rss_mib"] / results["x1"]["taxiway"]["peak_rss_mib"], 2)
-    print(json.dumps({"taxiway_peak_rss_x10_over_x1": results["taxiway_peak_rss_x10_over_x1"]}))
-
+        for name in args.corpora.split(","):
+            data = corpora[name]
+            row: dict = {"mb": round(sum(p.stat().st_size for s in SPLITS for p in (data / s).iterdir()) / 1e6, 2),
+                         "cores": {}}
+            for cores in (harness.ONE, harness.ALL):
+                by: dict = {}
+                for method in METHODS:
+                    repeats = args.slow_repeats if method in SLOW else args.repeats
+                    runs = [harness.measure(__file__, [method, str(data), str(tok)], cores) for _ in range(repeats)]
+                    by[method] = {**harness.summary(runs), "tokens": runs[0]["tokens"], "sha256": runs[0]["sha256"]}
+                    by[method]["tokens_per_s"] = round(runs[0]["tokens"] / by[method]["median_s"])
+                    if method == "taxiway":
+                        by[method]["warm_median_s"] = harness.summary(runs, "warm_seconds")["median_s"]
+                        by[method]["encoder"] = runs[0]["encoder"]
+                    digests |= {(name, json.dumps(r["sha256"], sort_keys=True), r["tokens"]) for r in runs}
+                t = by["tiktoken"]["median_s"]
+                by["ratios"] = {f"{m}_vs_tiktoken": round(t / by[m]["median_s"], 3) for m in METHODS if m != "tiktoken"}
+                row["cores"][cores] = by
+                print(json.dumps({name: {cores: {m: by[m]["median_s"] for m in METHODS}, "ratios": by["ratios"]}}),
+                      flush=True)
+            figures["corpora"][name] = row
+    figures["same_ids_all_methods"] = len({(n, d) for n, d, _ in digests}) == len(figures["corpora"])
+    if {"x1", "x10"} <= figures["corpora"].keys():
+        rss = [figures["corpora"][c]["cores"][harness.ALL]["taxiway"]["peak_rss_mib"] for c in ("x1", "x10")]
+        figures["taxiway_peak_rss_x10_over_x1"] = round(rss[1] / rss[0], 2)
+    text = table(figures)
+    notes = ("Each measurement a fresh process, timed after imports and reading the texts (taxiway: end to end "
+             "from the manifest); 'cores 1' = pinned to one core; tokens exclude EOS separators; speed vs "
+             "tiktoken = tiktoken median / method median.")
+    harness.finish(__file__, args, notes, figures, text, started)
 
 if __name__ == "__main__":
     main()

@@ -299,3 +299,34 @@ def test_val_only_packing_with_a_given_tokenizer(corpus: Path):
     assert val.key != both.key
     assert set(val.manifest()["splits"]) == {"val"}
     assert val.manifest()["splits"]["val"]["tokens"] == both.manifest()["splits"]["val"]["tokens"]
+
+
+def test_groups_encoded_ahead_equal_groups_encoded_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Batches encode ahead across group boundaries; every group's stream is still its own
+    documents in order, cache hits interleaved included."""
+    from pipelines import storage
+    from pipelines.run_folder import Cache
+    from pipelines.tokenize import groups
+    from pipelines.tokenize.bpe import load
+    from pipelines.tokenize.engine import batch_encoder
+
+    monkeypatch.setattr(groups, "_BATCH_DOCS", 2)  # several batches per group, more than _AHEAD in flight
+    tok = load(_tokenizer_file(), "<|endoftext|>")
+    eos, dtype = tok.token_to_id("<|endoftext|>"), np.dtype(np.uint16)
+    encode = batch_encoder(tok, _tokenizer_file())
+    docs = DOCS["train"] + DOCS["val"]
+    for i, text in enumerate(docs):
+        (tmp_path / f"{i:03d}.txt").write_text(text)
+    refs = [groups.FileRef(f"train/{i:03d}.txt", f"sha{i}", storage.locate(str(tmp_path / f"{i:03d}.txt")))
+            for i in range(len(docs))]
+    cut = [refs[i:i + 7] for i in range(0, len(refs), 7)]
+    cache = Cache(tmp_path / "cache")
+    groups.tokenize_group(cut[2], encode, "tok", eos, dtype, None, cache)  # one group already cached
+    streams = list(groups.tokenize_groups(cut, encode, "tok", eos, dtype, None, cache))
+    assert [s.cache_hit for s in streams] == [i == 2 for i in range(len(cut))]
+    for group, stream in zip(cut, streams, strict=True):
+        texts = [docs[int(ref.path[6:9])] for ref in group]
+        expected = [t for text in texts for t in tok.encode(text, add_special_tokens=False).ids + [eos]]
+        assert stream.tokens.tolist() == expected
+        assert stream.starts.tolist() == np.cumsum([0] + [len(tok.encode(t, add_special_tokens=False).ids) + 1
+                                                          for t in texts[:-1]]).tolist()

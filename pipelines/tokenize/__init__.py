@@ -29,7 +29,7 @@ from pipelines.documents import read_documents, split_files
 from pipelines.errors import BadInput
 from pipelines.run_folder import Cache, RunFolder, cache_dir
 from pipelines.tokenize import allocator, bpe, engine
-from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_group
+from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_groups
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 from trainer import fsio
 
@@ -118,8 +118,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
     for split, split_groups_ in groups.items():
         writer = SplitWriter(out / split, cfg.pack.seq_len, dtype, cfg.pack.shard_tokens)
         lengths = []
-        for group in split_groups_:
-            stream = tokenize_group(group, encode, tok_sha, eos, dtype, cfg.data.format, Cache(cache_dir()))
+        for stream in tokenize_groups(split_groups_, encode, tok_sha, eos, dtype, cfg.data.format, Cache(cache_dir())):
             writer.add_stream(stream.tokens, stream.starts)
             allocator.trim()
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
