@@ -28,7 +28,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params=build_params(),
+    params=build_params(refresh=True),
     tags=["taxiway", "training", "refresh"],
     doc_md=__doc__,
 ) as dag:
