@@ -1,7 +1,7 @@
 """The trigger form as the api-server serves it (``GET /api/v2/dags/{id}/details`` dumps the serialized
 DAG's params exactly so): fields people change one by one, titled, grouped, with descriptions, enums and
 bounds; nothing falsely required; a conf from the form and a nested REST conf make the same run config;
-contradictions refused naming both keys."""
+contradictions refused naming both keys; every DAG and task group documented."""
 
 from __future__ import annotations
 
@@ -147,3 +147,17 @@ def test_bad_form_values_are_refused_at_trigger_time_naming_the_field(served):
     with pytest.raises(ConfigError, match="data_train: environment references"):
         check_conf({"data_train": "${HOME}"})
 
+
+def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served):
+    for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_land"):
+        doc = served[dag_id].doc_md
+        assert doc and "``" not in doc, dag_id
+    train = served["taxiway_train"].doc_md
+    assert all(stage in train for stage in ("preflight", "tokenize", "train", "evaluate", "register", "MLflow"))
+    wanted = {"preflight": "preflight/report.json", "tokenize": "cache/packed/", "train": "checkpoints/",
+              "evaluate": "eval/report.md", "register": "registry.json"}
+    for dag_id in ("taxiway_train", "taxiway_refresh"):
+        groups = served[dag_id].task_group.children
+        for group, where in wanted.items():
+            assert where in (groups[group].doc_md or ""), (dag_id, group)
+            assert groups[group].tooltip, (dag_id, group)
