@@ -107,19 +107,18 @@ def _field_schema(prop: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _form_field(f: FormField, default: Any, section: str, schemas: dict[str, dict[str, Any]]) -> Any:
+def _form_field(f: FormField, default: Any, group: str, schemas: dict[str, dict[str, Any]]) -> Any:
+    """The Param of one form field, in the form section ``group``; its description is the schema's
+    (every form field has one) followed by its config path."""
     from airflow.sdk import Param
 
-    prop = schemas[f.section]["properties"][f.leaf]
-    extra: dict[str, Any] = {}
+    schema = _field_schema(schemas[f.section]["properties"][f.leaf])
     if f.values_display:
-        extra["values_display"] = f.values_display
+        schema["values_display"] = f.values_display
     if f.examples:
-        extra["examples"] = list(f.examples)
-    schema = _field_schema(prop)
-    description = schema.pop("description", None) or f"{f.path} of the config"
-    return Param(copy.deepcopy(default), description=f"{description} [{f.path}]", title=f.title, section=section,
-                 **schema, **extra)
+        schema["examples"] = list(f.examples)
+    description = f"{schema.pop('description')} [{f.path}]"
+    return Param(copy.deepcopy(default), description=description, title=f.title, section=group, **schema)
 
 
 def build_params(refresh: bool = False) -> dict[str, Any]:
@@ -142,9 +141,9 @@ def build_params(refresh: bool = False) -> dict[str, Any]:
                      description="key.path=value lines applied last, over everything else, e.g. train.lr=3e-4"),
     }
     groups = {**GROUPS, **(REFRESH_GROUP if refresh else {})}
-    for section, fields in groups.items():
+    for group, fields in groups.items():
         for f in fields:
-            params[f.key] = _form_field(f, defaults[f.section][f.leaf], section, schemas)
+            params[f.key] = _form_field(f, defaults[f.section][f.leaf], group, schemas)
     shown = {f.path for fields in groups.values() for f in fields}
     for name in SECTIONS:
         if name in params:
