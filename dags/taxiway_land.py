@@ -1,9 +1,12 @@
 """taxiway_land: land a folder as a new batch of the landing zone, from the trigger form or REST.
 
-The one task names the landing zone's asset as its outlet, so its success is an asset event that
-starts ``taxiway_refresh``: the way in for data that another pipeline produces (any DAG with this
-outlet does the same). ``source`` must lie inside the data roots; ``batch_id`` defaults to the run's
-id. The same as ``taxiway land SRC`` on a shell. See docs/refresh.md.
+**Start it** with *Trigger* (*Folder to land*, inside the data roots; *Batch id*, empty = this run's
+id) or `POST /api/v2/dags/taxiway_land/dagRuns` with `{"conf": {"source": "/data/incoming/news"}}`.
+The same as `taxiway land SRC` on a shell.
+
+**Outputs**: `<refresh.landing>/<batch id>/` with the files, their manifest and, written last, the
+completion marker. The task's outlet is the landing zone's asset, so its success starts
+taxiway_refresh (any DAG with this outlet does the same). See docs/refresh.md.
 """
 
 from __future__ import annotations

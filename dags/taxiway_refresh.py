@@ -1,11 +1,16 @@
 """taxiway_refresh: the champion trained further on new data, on a cron or when a batch lands.
 
-Ways in: the cron (``refresh.cron``), an asset event on the landing zone (``taxiway land`` sends
-one; any system can ``POST /api/v2/assets/events``; another DAG can name it as an outlet), or the
-trigger form. Each run plans against the champion's ledger: nothing new → every task after
-``plan`` is skipped within seconds. Else: new batches → assemble (drop repeats of trained data,
-hold out new data) → preflight → tokenize (new files only, plus replay) → train from the
-champion → evaluate on the fixed and the new data → register (ledger on the version). See
+**Ways in**: the cron (`refresh.cron`), an asset event on the landing zone (`taxiway land` sends one;
+any system can `POST /api/v2/assets/events`; another DAG can name it as an outlet), or *Trigger*
+(the form's *Refresh* section holds the refresh's own knobs).
+
+**Stages**: `plan` compares the landed batches with the champion's ledger: nothing new → every later
+task is skipped within seconds. Else `assemble` builds the dataset (repeats of trained data dropped,
+new data held out) in `<run>/refresh/`, then the same groups as taxiway_train: preflight →
+tokenize (new files only, plus replay) → train from the champion → evaluate on the fixed and the new
+data → register (the batches in `refresh/ledger.json` on the version).
+
+**Outputs**: the run folder `$TAXIWAY_HOME/runs/<run id>/` and the MLflow model version. See
 docs/refresh.md.
 """
 
@@ -28,7 +33,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params=build_params(),
+    params=build_params(refresh=True),
     tags=["taxiway", "training", "refresh"],
     doc_md=__doc__,
 ) as dag:

@@ -1,7 +1,17 @@
-"""taxiway_train: raw text → preflight → tokenize → train → evaluate → register.
+"""taxiway_train: raw text → preflight → tokenize → train → evaluate → register in MLflow.
 
-Trigger it from the UI form (the config is shown there), or over REST with a partial conf such
-as ``{"train": {"lr": 3e-4}}``. Wiring only: every task body lives in ``taxiway_airflow.tasks``.
+**Start it** with *Trigger* (the form shows the deployment's config, `TAXIWAY_CONFIG`; change the
+fields you need; everything else is under the advanced section as JSON) or over REST with only what
+changes: `POST /api/v2/dags/taxiway_train/dagRuns` with `{"conf": {"train": {"lr": 0.0003}}}`.
+
+**Stages** (each task group's Docs say more): `resolve_config` validates the config and writes
+`<run>/config.yaml`; `preflight` checks the data; `tokenize` packs it (cached); `train` runs a smoke
+test, then the gang; `evaluate` compares with the baseline; `register` logs the MLflow run and the
+model version (alias `champion` only on a passed gate).
+
+**Outputs**: the run folder `$TAXIWAY_HOME/runs/<run id>/`, and MLflow: experiment = the config's
+`name`, registered model = `registry.model_name`. Wiring only: task bodies live in
+`taxiway_airflow.tasks`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_params_mirror_config_and_reject_bad_conf():
 
     params = build_params()
     assert {"config", "set", "train", "model", "data", "parent"} <= set(params)
-    assert params["train"].value["steps"] == 30  # defaults from the default config (tiny in tests)
+    assert params["train_steps"].value == 30  # defaults from the default config (tiny in tests)
     good = ParamsDict(params)
     good.update({"train": {"lr": 3e-4}})
     good.validate()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -174,6 +175,7 @@ def test_evaluate_stage_passes_a_good_model_and_fails_a_weak_one(strong: Path, w
     assert rows[0].startswith("sequence,") and len(rows) == 129
     md = (folder / "report.md").read_text()
     assert "# Evaluation: PASSED" in md and "## Generations" in md and "Prompt `def `" in md
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) == ["comparison.png"]  # shown, relative to the report
     gens = good["generations"]
     assert [g["prompt"] for g in gens] == ["def ", "import ", "class "]
     assert all(g["text"].startswith(g["prompt"]) and len(g["text"]) > len(g["prompt"]) for g in gens)

@@ -27,8 +27,11 @@ def _log(live, run_id: str, task_id: str, attempt: int = 1) -> str:
 
 @pytest.mark.live
 def test_trigger_time_refusals_are_short_and_name_the_field(live_airflow):
+    params = live_airflow.api.get(f"/api/v2/dags/{DAG}/details").json()["params"]  # what the trigger form renders
+    assert params["train_lr"]["schema"]["section"] == "Training" and params["train_lr"]["value"] == 0.005
+    assert params["set"]["schema"]["type"] == ["array", "null"]  # optional: the form marks it not required
     for conf, field in [({"train": {"stepz": 5}}, "stepz"), ({"train": {"lr": -1}}, "lr"),
-                        ({"config": "/etc/shadow"}, "config")]:
+                        ({"train_lr": -1}, "train_lr"), ({"config": "/etc/shadow"}, "config")]:
         resp = live_airflow.trigger(DAG, conf)
         assert resp.status_code == 400, (conf, resp.status_code, resp.text)
         detail = resp.json()["detail"]
@@ -51,6 +54,7 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         "extends": ({"config": str(linked)}, "outside the config roots"),
         "data": ({"data": {"train": "/etc"}}, "data.train: '/etc' is outside the data roots"),
         "env": ({"data": {"train": "${AIRFLOW__API_AUTH__JWT_SECRET}"}}, "data.train: environment references"),
+        "contradiction": ({"train_lr": 0.01, "train": {"lr": 0.02}}, "train_lr: 0.01 contradicts train.lr = 0.02"),
     }
     runs = {}
     for name, (conf, _) in cases.items():
@@ -65,6 +69,26 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         log = _log(live, run_id, "resolve_config")
         assert cases[name][1] in log, (name, log[-2000:])
         assert SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log, name
+
+
+@pytest.mark.live
+def test_form_fields_and_sections_sent_together_make_one_config(live_airflow):
+    """A conf as the trigger form sends it (form fields, a section's other fields) gets past Airflow and
+    ``resolve_config`` into the run's config.yaml; the run is then stopped."""
+    import yaml
+
+    from pipelines.run_folder import run_dir
+
+    live = live_airflow
+    resp = live.trigger(DAG, {"train_steps": 7, "model_n_layer": 1, "train": {"grad_clip": 0.5}})
+    assert resp.status_code == 200, resp.text
+    run_id = resp.json()["dag_run_id"]
+    wait_for("resolve_config to finish", lambda: live.task_instances(DAG, run_id).get("resolve_config", {})
+             .get("state") in ("success", "failed"), 120, every_s=1)
+    live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"}).raise_for_status()
+    assert live.task_instance(DAG, run_id, "resolve_config")["state"] == "success", _log(live, run_id, "resolve_config")
+    cfg = yaml.safe_load((run_dir(run_id, live.taxiway_home) / "config.yaml").read_text())
+    assert (cfg["train"]["steps"], cfg["model"]["n_layer"], cfg["train"]["grad_clip"]) == (7, 1, 0.5)
 
 
 def _readme_rest_example() -> str:

@@ -22,7 +22,7 @@ from contenders import BARRIER, all_succeed
 from postgres import create_db, drop_db, fresh_db, pg_uri
 from trained_models import clone_run, make_run
 
-from conftest import REPO, taxiway
+from conftest import REPO, TINY, taxiway
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +76,29 @@ def _artifacts(c, run_id: str, path: str | None = None) -> set[str]:
     return out
 
 
+def test_experiments_open_on_the_model_training_view_and_runs_are_named_for_people(home: Path):
+    """MLflow 3's UI picks an experiment's page by its kind tag: Taxiway's are "custom_model_development"
+    (the runs table, not the GenAI traces page), set on new experiments and on untagged older ones; a
+    kind someone chose stays. Runs are named config name, UTC time, short id; the run key is a tag."""
+    from pipelines.config import load_config
+    from pipelines.registry import RUN_KEY_TAG, client, open_run
+
+    c = client()
+    older, chosen, new = _unique("older"), _unique("chosen"), _unique("new")
+    c.create_experiment(older)
+    c.create_experiment(chosen, tags={"mlflow.experimentKind": "genai_development"})
+    ids = {}
+    for name in (older, chosen, new):
+        ids[name] = open_run(c, load_config(TINY, [f"name={name}"]), f"manual__2026-12-01T10:00:00+00:00-{name}")
+    kinds = {name: c.get_experiment_by_name(name).tags.get("mlflow.experimentKind") for name in ids}
+    assert kinds == {older: "custom_model_development", chosen: "genai_development", new: "custom_model_development"}
+    run = c.get_run(ids[new])
+    assert re.fullmatch(rf"{new} \d{{4}}-\d\d-\d\d \d\d:\d\d UTC [0-9a-f]{{6}}", run.info.run_name), run.info.run_name
+    assert run.data.tags[RUN_KEY_TAG] == f"manual__2026-12-01T10:00:00+00:00-{new}"
+    again = open_run(c, load_config(TINY, [f"name={new}"]), f"manual__2026-12-01T10:00:00+00:00-{new}")
+    assert again == ids[new]  # found again by its key, whatever its name
+
+
 def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, models, home: Path):
     from pipelines.registry import RUN_KEY_TAG, client
     from trainer.fsio import sha256_file
@@ -103,9 +126,15 @@ def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, 
     assert float(tags["taxiway.eval.lower_bound_bpb"]) > 0
     assert float(tags["taxiway.eval.delta_bits_per_byte"]) == pytest.approx(-report["improvement_bpb"], abs=1e-6)
     assert tags["taxiway.replaced_champion"] == "none (floor)"
-    assert mv.description == report["summary"]
+    assert mv.description.startswith("Gate passed vs uniform floor: ") and len(mv.description) < 200
+    assert "\n" not in mv.description and "eval/report.md" in mv.description  # short; details in tags, artifacts
 
     run = c.get_run(mv.run_id)
+    assert re.fullmatch(rf"{name} \d{{4}}-\d\d-\d\d \d\d:\d\d UTC [0-9a-f]{{6}}", run.info.run_name), run.info.run_name
+    assert run.data.tags[RUN_KEY_TAG] == run.data.tags["airflow.run_id"] == "manual__first"
+    assert c.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    report_md = (first / "eval" / "report.md").read_text()
+    assert "![" in report_md and "](comparison.png)" in report_md  # the image beside the report, in MLflow too
     inputs = {d.dataset.name: {t.key: t.value for t in d.tags} for d in run.inputs.dataset_inputs}
     assert {k: v["mlflow.data.context"] for k, v in inputs.items()} == {
         f"{name}-train": "training", f"{name}-val": "evaluation", f"{name}-packed": "training"}

@@ -125,6 +125,7 @@ def test_registration_moves_the_champion_and_generate_loads_it_through_the_serve
     assert str(champion.version) == "2" and champion.tags["taxiway.replaced_champion"] == f"models:/{name}/1"
     assert list(on_server.artifacts.rglob("model.safetensors")), "artifacts did not go through the server's proxy"
     assert c.search_registered_models(f"name LIKE '{name}.%'") == [], "the champion lock was left behind"
+    assert c.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"  # runs view
 
     proc = taxiway("generate", f"models:/{name}@champion", "--prompt", "def ", "--max-new-tokens", "16")
     assert proc.returncode == 0, proc.stderr

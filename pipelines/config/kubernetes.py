@@ -38,6 +38,8 @@ def check_label(key: str, value: str) -> str | None:
 
 
 class Toleration(Section):
+    """A node taint the pods tolerate (the Kubernetes toleration fields)."""
+
     key: str | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str | None = None
@@ -54,10 +56,10 @@ class SecretEnv(Section):
 
 
 class KubernetesConfig(Section):
-    """Pod spec of each training node on Kubernetes (``compute.launcher: kubernetes``).
+    """Pod spec of each training node on Kubernetes (used when compute.launcher is kubernetes).
 
-    Secrets are only ever referenced by name (``secret_env``, ``secret_env_from``); the rendered
-    objects carry no credential values, so they can be printed, logged and reviewed.
+    Secrets are only ever referenced by name (secret_env, secret_env_from); the rendered objects
+    carry no credential values, so they can be printed, logged and reviewed.
     """
 
     connection_id: str = Field("kubernetes_default", min_length=1,

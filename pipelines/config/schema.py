@@ -49,18 +49,19 @@ class PreflightConfig(Section):
 
 
 class TokenizerConfig(Section):
-    """Byte-level BPE, trained on the train split unless ``path`` names one to load."""
+    """Byte-level BPE, trained on the train split unless 'path' names a tokenizer.json to load."""
 
-    vocab_size: Annotated[int, Field(ge=260, le=1_048_576)] = 8192
-    min_frequency: PositiveInt = 2
-    eos_token: str = "<|endoftext|>"
+    vocab_size: Annotated[int, Field(ge=260, le=1_048_576)] = Field(
+        8192, description="Tokens in the vocabulary, the 256 byte tokens and the end-of-text token included")
+    min_frequency: PositiveInt = Field(2, description="Fewest occurrences for a pair to be merged")
+    eos_token: str = Field("<|endoftext|>", description="The token that joins documents")
     path: str | None = Field(None, description="Load this tokenizer.json instead of training one")
 
 
 class PackConfig(Section):
-    """Fixed-length windows of ``seq_len + 1`` tokens; documents joined by EOS."""
+    """Fixed-length windows of seq_len + 1 tokens; documents joined by the end-of-text token."""
 
-    seq_len: PositiveInt = 256
+    seq_len: PositiveInt = Field(256, description="Tokens per training sequence; at most model.block_size")
     shard_tokens: PositiveInt = Field(16_777_216, description="Tokens per numpy shard")
     dtype: Literal["auto", "uint16", "uint32"] = Field(
         "auto", description="Token dtype of the shards; auto = uint16 when the vocabulary fits")
@@ -69,11 +70,11 @@ class PackConfig(Section):
 class ModelConfig(Section):
     """A GPT; the vocabulary size comes from the tokenizer."""
 
-    n_layer: PositiveInt = 12
-    n_head: PositiveInt = 12
-    n_embd: PositiveInt = 768
+    n_layer: PositiveInt = Field(12, description="Transformer blocks")
+    n_head: PositiveInt = Field(12, description="Attention heads per block; must divide the width")
+    n_embd: PositiveInt = Field(768, description="Width: embedding and hidden size")
     block_size: PositiveInt = Field(1024, description="Longest context the model supports")
-    dropout: Fraction = 0.0
+    dropout: Fraction = Field(0.0, description="Dropout probability while training")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
@@ -83,20 +84,22 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    steps: PositiveInt = 10_000
+    """The optimizer and its schedule: AdamW, linear warmup, then decay to min_lr."""
+
+    steps: PositiveInt = Field(10_000, description="Optimizer steps to train")
     batch_size: PositiveInt = Field(16, description="Sequences per process per micro-step")
-    grad_accum: PositiveInt = 1
+    grad_accum: PositiveInt = Field(1, description="Micro-steps per optimizer step (gradient accumulation)")
     lr: float = Field(3e-4, gt=0.0, description="Peak learning rate")
-    min_lr: float = Field(3e-5, ge=0.0)
-    warmup_steps: Annotated[int, Field(ge=0)] = 100
+    min_lr: float = Field(3e-5, ge=0.0, description="Learning rate at the end of the decay")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(100, description="Steps of linear warmup from 0 to lr")
     rewarmup_steps: Annotated[int, Field(ge=0)] = Field(
         0, description="With a parent: steps from its final LR back up to lr before decaying; 0 = decay on from it")
-    weight_decay: float = Field(0.1, ge=0.0)
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay (not applied to biases and norms)")
     grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
     decay: Literal["cosine", "linear"] = Field("cosine", description="LR decay after warmup, down to min_lr")
-    seed: int = 1337
-    log_every: PositiveInt = 10
-    deterministic: bool = False
+    seed: int = Field(1337, description="Seed of initialization, data order and dropout")
+    log_every: PositiveInt = Field(10, description="Steps between lines of metrics.jsonl")
+    deterministic: bool = Field(False, description="Deterministic kernels: reproducible, slower")
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model per process; fsdp (FSDP2 fully_shard) shards it")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast on GPU, fp32 on CPU")
@@ -111,16 +114,22 @@ class TrainConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: PositiveInt = 500
-    keep_last_n: PositiveInt = 3
+    """Checkpoints under the run folder, from which a restarted gang resumes."""
+
+    every_steps: PositiveInt = Field(500, description="Steps between checkpoints (the last step always gets one)")
+    keep_last_n: PositiveInt = Field(3, description="Newest valid checkpoints kept; older ones are deleted")
     async_save: bool = Field(True, description="Write checkpoints in the background while training goes on")
 
 
 class ComputeConfig(Section):
-    launcher: Literal["local", "kubernetes"] = "local"
-    nodes: PositiveInt = 2
-    procs_per_node: PositiveInt = 1
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """The training gang: how many nodes and processes, where they run, and how long they may take."""
+
+    launcher: Literal["local", "kubernetes"] = Field(
+        "local", description="local = node processes on the Airflow worker; kubernetes = one pod per node")
+    nodes: PositiveInt = Field(2, description="Nodes of the gang (torchrun --nnodes)")
+    procs_per_node: PositiveInt = Field(1, description="Trainer processes per node (one per GPU)")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto = nccl on GPUs, gloo on CPU")
     threads_per_proc: PositiveInt = Field(1, description="torch intra-op threads per process")
     timeout_s: PositiveInt = Field(86_400, description="Wall-clock limit for the training gang")
     stall_timeout_s: PositiveInt = Field(
@@ -158,7 +167,7 @@ class ComputeConfig(Section):
 class EvalConfig(Section):
     """The evaluation gate: paired bootstrap of the bits-per-byte improvement over the baseline."""
 
-    batch_size: PositiveInt = 16
+    batch_size: PositiveInt = Field(16, description="Validation sequences per batch")
     max_batches: int | None = Field(None, gt=0, description="Cap on validation batches; None = all")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when a GPU is visible")
     baseline: str = Field(
@@ -183,9 +192,9 @@ class EvalConfig(Section):
 class RegistryConfig(Section):
     """MLflow registration: names, aliases, and how hard to try when the server is away."""
 
-    model_name: str = Field("taxiway-gpt", min_length=1)
-    champion_alias: str = "champion"
-    challenger_alias: str = "challenger"
+    model_name: str = Field("taxiway-gpt", min_length=1, description="Registered model the version is added to")
+    champion_alias: str = Field("champion", description="Alias of the model to beat; moves only on a passed gate")
+    challenger_alias: str = Field("challenger", description="Alias of the newest version that did not pass")
     retries: Annotated[int, Field(ge=0, le=20)] = Field(
         5, description="Retries of a transient MLflow failure (connection refused, database locked, 5xx)")
     retry_backoff_s: float = Field(2.0, ge=0.0, description="First retry delay; doubles each retry, capped at 60 s")
@@ -199,7 +208,7 @@ class RegistryConfig(Section):
 
 
 class RefreshConfig(Section):
-    """Incremental refresh (``taxiway_refresh``): the champion trained further on new batches (docs/refresh.md)."""
+    """Incremental refresh (the taxiway_refresh DAG): the champion trained further on new batches (docs/refresh.md)."""
 
     landing: str | None = Field(
         None, description="Landing zone of new data batches (local path or fsspec URI); unset = no refresh")

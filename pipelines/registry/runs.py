@@ -11,11 +11,13 @@ moves here: that is ``champion``'s.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,10 @@ from pipelines.registry import metrics as live_metrics
 from pipelines.registry.client import CHECKPOINT_ARTIFACT, client, with_retries
 from pipelines.run_folder import RunFolder, mlflow_artifact_root, mlflow_tracking_uri
 
-RUN_KEY_TAG = "taxiway.run_key"
+RUN_KEY_TAG = "taxiway.run_key"   # the Airflow run id (or the CLI's run key): the run's identity
+# MLflow 3's UI opens an experiment on the page its kind names; untagged, it may open the GenAI traces
+# page. "custom_model_development" is the UI's "Machine learning" kind: runs, metrics, models.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 LIVE_TAG = "taxiway.live"         # opened by the training sensor to ship metrics while the gang runs
 LOGGING_TAG = "taxiway.logging"   # registration started logging into this run
 
@@ -70,14 +75,33 @@ def _experiment_id(c, name: str) -> str:
 
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before Taxiway tagged its experiments; a user's choice stays
+            c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     server = mlflow_tracking_uri().startswith(("http://", "https://", "databricks"))
     try:  # a server picks its own artifact store; a database store keeps artifacts under TAXIWAY_HOME
-        return c.create_experiment(name, artifact_location=None if server else f"{mlflow_artifact_root()}/{name}")
+        return c.create_experiment(name, artifact_location=None if server else f"{mlflow_artifact_root()}/{name}",
+                                   tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return c.get_experiment_by_name(name).experiment_id  # another run created it meanwhile
+
+
+def run_name(cfg: RunConfig, run_key: str) -> str:
+    """What people see in the runs table: the config's name, the UTC time the run was opened, and a
+    short id from the run key (stable for retries; the key itself stays in the tag RUN_KEY_TAG)."""
+    short = hashlib.sha256(run_key.encode()).hexdigest()[:6]
+    return f"{cfg.name} {datetime.now(UTC):%Y-%m-%d %H:%M} UTC {short}"
+
+
+def version_description(report: dict[str, Any]) -> str:
+    """One line for the model version page; the figures behind it are its tags (``lineage.eval_tags``)
+    and the run's ``eval/report.md``."""
+    c, b = report["candidate"], report["baseline"]
+    return (f"Gate {'passed' if report['passed'] else 'failed'} vs {b['label']}: {c['bits_per_byte']:.4f} vs "
+            f"{b['bits_per_byte']:.4f} bits/byte ({report['improvement_bpb']:+.4f}). Details: version tags, "
+            "run artifact eval/report.md.")
 
 
 def _eval_metrics(report: dict[str, Any], step: int):
@@ -126,7 +150,7 @@ def open_run(c, cfg: RunConfig, run_key: str) -> str:
     run = _find_run(c, exp_id, run_key)
     if run is not None:
         return run.info.run_id
-    return c.create_run(exp_id, run_name=run_key, tags={RUN_KEY_TAG: run_key, LIVE_TAG: "1"}).info.run_id
+    return c.create_run(exp_id, run_name=run_name(cfg, run_key), tags={RUN_KEY_TAG: run_key, LIVE_TAG: "1"}).info.run_id
 
 
 def ship(cfg: RunConfig, run_dir: Path, run_key: str, restarts: int | None = None) -> int:
@@ -162,7 +186,7 @@ def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str
     else:
         if run is not None:
             c.delete_run(run.info.run_id)
-        run_id = c.create_run(exp_id, run_name=run_key).info.run_id
+        run_id = c.create_run(exp_id, run_name=run_name(cfg, run_key), tags={RUN_KEY_TAG: run_key}).info.run_id
         records, _ = live_metrics.new_records(run_dir, start=0)
     c.set_tag(run_id, LOGGING_TAG, "1")
     c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
@@ -193,7 +217,7 @@ def _model_version(c, name: str, run_id: str, run_key: str, tags: dict[str, str]
     mv = _find_version(c, name, run_key)
     if mv is None:
         mv = c.create_model_version(name, source=f"{c.get_run(run_id).info.artifact_uri}/model", run_id=run_id,
-                                    tags=tags, description=description[:4000])
+                                    tags=tags, description=description)
     return mv
 
 
@@ -208,7 +232,7 @@ def register(cfg: RunConfig, run_dir: Path, run_key: str, report: dict[str, Any]
     def logged() -> tuple[str, Any]:
         c = client()
         run_id = _log_run(c, cfg, run_dir, run_key, tags, report)
-        return run_id, _model_version(c, name, run_id, run_key, tags, report["summary"])
+        return run_id, _model_version(c, name, run_id, run_key, tags, version_description(report))
 
     run_id, mv = with_retries(cfg.registry, "register", logged)
     return Registered(name, str(mv.version), run_id, cfg.name)
@@ -228,6 +252,6 @@ def record_reevaluation(reg: RegistryConfig, registered: Registered, run_dir: Pa
         for key, value in lineage.eval_tags(report).items():
             c.set_model_version_tag(name, version, key, value)
             c.set_tag(run_id, key, value)
-        c.update_model_version(name, version, description=report["summary"][:4000])
+        c.update_model_version(name, version, description=version_description(report))
 
     with_retries(reg, "record the re-evaluation", write)

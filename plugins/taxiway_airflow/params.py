@@ -1,12 +1,17 @@
 """Trigger-form Params built from the RunConfig JSON schema.
 
-One object Param per config section, its default taken from the default config file, so the
-form shows the config a run will use. Airflow validates a trigger's conf against these schemas
-before the run is created; the ``resolve_config`` task then validates the whole RunConfig.
+The form shows the fields people change (``form_fields``) one by one, titled in words, grouped in
+sections, with the schema's descriptions, enums (dropdowns) and bounds; every section is also one
+JSON Param (the fields not shown on their own) under the form's advanced section. Defaults come
+from the default config file, so the form shows the config a run will use. Airflow validates a
+trigger's conf against these schemas before the run is created; the ``resolve_config`` task then
+validates the whole RunConfig.
 
 Merge rule: a run's config is the ``config`` file, overlaid with every leaf of the conf that
-differs from the form's default, then the ``set`` overrides. A REST call may send only the
-fields it changes (``{"train": {"lr": 3e-4}}``).
+differs from the form's default, then the ``set`` overrides. A leaf may come from a section
+(``{"train": {"lr": 3e-4}}``, what REST callers send) or from its form field (``train_lr``); when
+both are sent, the one that differs from the form's default wins, and two that differ from it and
+from each other are refused, naming both keys.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from typing import Any
 
 from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
 from pipelines.roots import REPO, Roots
+from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, REFRESH_GROUP, SECTION_TITLES, FormField
 
-CONF_KEYS = ("config", "set", *SECTIONS)
+FIELD_KEYS = tuple(f.key for f in ALL_FIELDS)
+CONF_KEYS = ("config", "set", *SECTIONS, *FIELD_KEYS)
 _MISSING = object()
 
 
@@ -77,7 +84,47 @@ def _form_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def build_params() -> dict[str, Any]:
+def _field_schema(prop: dict[str, Any]) -> dict[str, Any]:
+    """One form field's schema from its RunConfig property: ``X | None`` becomes a type list with
+    ``"null"`` (so the form does not mark it required) and its enum gains ``None``; an integer's
+    exclusive bound becomes the inclusive one the form's number input shows as min/max."""
+    out = {k: copy.deepcopy(v) for k, v in prop.items() if k not in ("default", "title", "anyOf")}
+    for variant in prop.get("anyOf", []):
+        out["type"] = [*out.get("type", []), variant["type"]]
+        for key, value in variant.items():
+            if key == "enum":
+                out["enum"] = [*out.get("enum", []), *value]
+            elif key != "type":
+                out[key] = value
+    types = out["type"] if isinstance(out["type"], list) else [out["type"]]
+    if "null" in types and "enum" in out:
+        out["enum"].append(None)
+    if "integer" in types:
+        if "exclusiveMinimum" in out:
+            out["minimum"] = out.pop("exclusiveMinimum") + 1
+        if "exclusiveMaximum" in out:
+            out["maximum"] = out.pop("exclusiveMaximum") - 1
+    return out
+
+
+def _form_field(f: FormField, default: Any, group: str, schemas: dict[str, dict[str, Any]]) -> Any:
+    """The Param of one form field, in the form section ``group``; its description is the schema's
+    (every form field has one) followed by its config path."""
+    from airflow.sdk import Param
+
+    schema = _field_schema(schemas[f.section]["properties"][f.leaf])
+    if f.values_display:
+        schema["values_display"] = f.values_display
+    if f.examples:
+        schema["examples"] = list(f.examples)
+    description = f"{schema.pop('description')} [{f.path}]"
+    return Param(copy.deepcopy(default), description=description, title=f.title, section=group, **schema)
+
+
+def build_params(refresh: bool = False) -> dict[str, Any]:
+    """The trigger form: run-level fields first (the form's open section), then ``form_fields``'s
+    sections, then each config section's remaining fields as JSON; ``refresh`` adds the refresh
+    section (taxiway_refresh)."""
     from airflow.sdk import Param
 
     path = default_config_path()
@@ -87,12 +134,28 @@ def build_params() -> dict[str, Any]:
         "config": Param(path, type="string", pattern=r"\.ya?ml$", title="Config file",
                         examples=Roots.from_env().config_files(),
                         description="YAML run config from this deployment's config roots (pick one or type a path "
-                                    "inside them); the sections below overlay it"),
-        "set": Param([], type="array", items={"type": "string"}, title="Overrides",
-                     description="key.path=value overrides applied last, e.g. train.lr=3e-4"),
+                                    "inside them); every field below overlays it where it differs from its default"),
+        "name": Param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
+        "parent": Param(defaults["parent"], title=SECTION_TITLES["parent"], **_field_schema(schemas["parent"])),
+        "set": Param([], type=["array", "null"], items={"type": "string"}, title="Overrides",
+                     description="key.path=value lines applied last, over everything else, e.g. train.lr=3e-4"),
     }
+    groups = {**GROUPS, **(REFRESH_GROUP if refresh else {})}
+    for group, fields in groups.items():
+        for f in fields:
+            params[f.key] = _form_field(f, defaults[f.section][f.leaf], group, schemas)
+    shown = {f.path for fields in groups.values() for f in fields}
     for name in SECTIONS:
-        params[name] = Param(copy.deepcopy(defaults[name]), **_form_schema(schemas[name]))
+        if name in params:
+            continue
+        rest = {k: v for k, v in defaults[name].items() if f"{name}.{k}" not in shown}
+        schema = _form_schema(schemas[name])
+        schema["type"] = ["object", "null"]
+        about = schema.pop("description")
+        params[name] = Param(copy.deepcopy(rest), **{**schema, "section": ADVANCED,
+                                                     "title": f"{SECTION_TITLES[name]} ({name})"},
+                             description=f"{about} Fields of {name} not shown above; a REST conf may send any "
+                                         f"field of the section here, e.g. {{\"{name}\": {{...}}}}.")
     return params
 
 
@@ -111,8 +174,9 @@ def changed_leaves(value: Any, default: Any) -> Any:
 def check_conf(conf: dict[str, Any]) -> None:
     """Refuse what the params cannot: unknown top-level keys (Airflow accepts any) and ``${VAR}``
     references, which would read the worker's environment into the config and its logs."""
-    errors = {str(k): "not a conf key" + suggest(str(k), CONF_KEYS) + f"; expected one of {', '.join(CONF_KEYS)}"
-              for k in conf if k not in CONF_KEYS}
+    expected = (f"expected config, set, a config section ({', '.join(SECTIONS)}) or a form field "
+                f"(section_field, e.g. {FIELD_KEYS[0]}, train_lr)")
+    errors = {str(k): "not a conf key" + suggest(str(k), CONF_KEYS) + f"; {expected}" for k in conf if k not in CONF_KEYS}
 
     def walk(value: Any, where: str) -> None:
         if isinstance(value, dict):
@@ -132,11 +196,27 @@ def check_conf(conf: dict[str, Any]) -> None:
 
 
 def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """The leaves of ``conf`` that overlay the config file: those that differ from the form's default,
+    from sections and from form fields alike (the merge rule in this module's docstring). A section
+    sent as null changes nothing; a form field that contradicts its section's leaf is refused."""
     defaults = form_defaults(default_config_path())
-    out = {}
+    out: dict[str, Any] = {}
     for name in SECTIONS:
-        if name in conf:
+        if name in conf and not (conf[name] is None and isinstance(defaults.get(name), dict)):
             diff = changed_leaves(conf[name], defaults.get(name))
             if diff is not _MISSING:
                 out[name] = diff
+    errors = {}
+    for f in ALL_FIELDS:
+        value = conf.get(f.key, _MISSING)
+        if value is _MISSING or value == defaults[f.section][f.leaf]:
+            continue
+        nested = out.get(f.section, {}).get(f.leaf, _MISSING)
+        if nested is not _MISSING and nested != value:
+            errors[f.key] = (f"{value!r} contradicts {f.path} = {nested!r} in the conf's {f.section!r} section (both "
+                             f"differ from the form's default {defaults[f.section][f.leaf]!r}); send one of them")
+            continue
+        out.setdefault(f.section, {})[f.leaf] = value
+    if errors:
+        raise ConfigError(errors, "conf")
     return out

@@ -13,6 +13,7 @@ from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
+from taxiway_airflow.stage_docs import STAGES
 
 
 def launcher() -> str:
@@ -26,14 +27,14 @@ def launcher() -> str:
 
 def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
-    with TaskGroup("preflight") as preflight:
+    with TaskGroup("preflight", **STAGES["preflight"]._asdict()) as preflight:
         checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in CHECK_NAMES]
         checks >> tasks.preflight_gate.override(task_id="gate")(run)
 
-    with TaskGroup("tokenize") as tokenize:
+    with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
         tasks.tokenize.override(task_id="pack")(run)
 
-    with TaskGroup("train") as train:
+    with TaskGroup("train", **STAGES["train"]._asdict()) as train:
         if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
             from taxiway_airflow.operators.kubernetes import training_gang
 
@@ -48,10 +49,10 @@ def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
             final = CheckpointSensor(task_id="final_checkpoint", run=run)
             tasks.smoke.override(task_id="smoke")(run) >> gang >> final
 
-    with TaskGroup("evaluate") as evaluate:
+    with TaskGroup("evaluate", **STAGES["evaluate"]._asdict()) as evaluate:
         tasks.evaluate.override(task_id="score")(run)
 
-    with TaskGroup("register") as register:
+    with TaskGroup("register", **STAGES["register"]._asdict()) as register:
         tasks.register.override(task_id="model_version")(run)
 
     preflight >> tokenize >> train >> evaluate >> register

@@ -30,7 +30,8 @@ def _field(cfg: Any, dotted: str) -> Any:
 
 def _conf_config(ctx: Any):
     """The run's config: the config file the conf names (or the deployment's), the conf's sections
-    and ``set`` overlaid; every data path checked against the data roots."""
+    and form fields (``params.overrides_from_conf``: what differs from the form's defaults) and
+    ``set`` overlaid; every data path checked against the data roots."""
     from pipelines.config import load_config
     from pipelines.roots import DATA_FIELDS, Roots
     from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf

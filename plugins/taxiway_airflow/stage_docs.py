@@ -1,0 +1,63 @@
+"""What each stage's task group says in the Airflow UI (tooltip and Docs): what it does and where
+its outputs go, so a user finds them without reading code. Paths are those of
+``pipelines.run_folder``; ``<run>`` is ``$TAXIWAY_HOME/runs/<Airflow run id>``."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class StageDoc(NamedTuple):
+    tooltip: str
+    doc_md: str
+
+
+STAGES: dict[str, StageDoc] = {
+    "preflight": StageDoc(
+        "Data gate before any compute: manifest, documents, duplicates, train/val overlap",
+        """**Preflight**: every data file checked against the manifest (count, bytes, sha256), document
+expectations, exact duplicates and MinHash train/val near-duplicates, one task per check; `gate`
+fails the run when a check fails (or drops contaminated val documents with
+`preflight.action: decontaminate`).
+
+Outputs: `<run>/preflight/report.json` and `report.md`, `overlap.png`, one `checks/<check>.json` per
+check, `clean/` (the decontaminated val split). Thresholds: the form's *Preflight gate* section.""",
+    ),
+    "tokenize": StageDoc(
+        "Byte-level BPE and fixed-length packed windows, cached by content",
+        """**Tokenize**: trains a byte-level BPE on the train split (or takes the parent's), encodes the
+documents joined by end-of-text and packs them into `seq_len + 1` token windows with a
+document-boundary index. Unchanged inputs are a cache hit (the task log says so).
+
+Outputs: `$TAXIWAY_HOME/cache/packed/<content hash>/` (shards, index, `manifest.json`, tokenizer),
+linked from `<run>/tokenize/packed.json`.""",
+    ),
+    "train": StageDoc(
+        "A seconds-long smoke run, then the training gang; resumes from the newest checkpoint",
+        """**Train**: `smoke` runs a few steps in one process (fails fast on a bad config), then the gang
+(`compute.nodes` x `compute.procs_per_node` processes, DDP or FSDP) trains; the waiting task logs
+step/total, loss and tokens/s and ships the curve to MLflow live. A restarted or cleared task
+resumes from the newest valid checkpoint.
+
+Outputs: `<run>/checkpoints/step-NNNNNNNN/`, `<run>/status.json`, `<run>/metrics.jsonl`, the
+exported model in `<run>/model/`, node logs in `<run>/train/logs/attempt-N/`.""",
+    ),
+    "evaluate": StageDoc(
+        "Candidate vs the baseline in bits per byte; paired bootstrap decides the gate",
+        """**Evaluate**: scores the candidate and the baseline (`eval.baseline`: the registered champion,
+else the floor) on the validation set in bits per byte; a paired bootstrap at `eval.confidence`
+decides whether the candidate is better. A failed gate does not fail the run: the model is then
+registered as challenger.
+
+Outputs: `<run>/eval/report.json`, `<run>/eval/report.md` (with `comparison.png`), `per_unit.csv`.""",
+    ),
+    "register": StageDoc(
+        "MLflow run and model version with lineage; champion alias only on a passed gate",
+        """**Register**: completes the MLflow run (experiment = config name: params, curves, artifacts) and
+adds a version of `registry.model_name` with lineage tags; the `champion` alias moves only when the
+gate passed, else the version becomes `challenger`.
+
+Outputs: `<run>/registry.json` (model version, alias, MLflow run id), the MLflow run's artifacts
+(config, reports, plots, model).""",
+    ),
+}

@@ -1,0 +1,163 @@
+"""The trigger form as the api-server serves it (``GET /api/v2/dags/{id}/details`` dumps the serialized
+DAG's params exactly so): fields people change one by one, titled, grouped, with descriptions, enums and
+bounds; nothing falsely required; a conf from the form and a nested REST conf make the same run config;
+contradictions refused naming both keys; every DAG and task group documented."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def served() -> dict[str, Any]:
+    """dag_id → the DAG deserialized from its serialized form, as the api-server and scheduler hold it."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return {dag_id: DagSerialization.from_dict(DagSerialization.to_dict(dag)) for dag_id, dag in bag.dags.items()}
+
+
+def _spec(dag) -> dict[str, dict[str, Any]]:
+    """What the REST API's DAG details answer holds under ``params`` (DAGDetailsResponse.get_params)."""
+    return json.loads(json.dumps({k: v.dump() for k, v in dag.params.items()}))
+
+
+def _required(spec: dict[str, Any]) -> bool:
+    """The Airflow UI's rule (FlexibleForm/isParamRequired): a type, and "null" not among its types."""
+    kind = spec["schema"].get("type")
+    return bool(kind) and not (isinstance(kind, list) and "null" in kind)
+
+
+def _descriptions(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k in ("description", "description_md") and isinstance(v, str)] + [
+            d for v in node.values() for d in _descriptions(v)]
+    if isinstance(node, list):
+        return [d for v in node for d in _descriptions(v)]
+    return []
+
+
+def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
+    from pipelines.config import SECTIONS
+    from taxiway_airflow.form_fields import ADVANCED, GROUPS
+
+    spec = _spec(served["taxiway_train"])
+    lr = spec["train_lr"]
+    assert lr["value"] == 0.005 and lr["schema"]["title"] == "Learning rate (peak)"  # tiny.yaml's lr, validated
+    assert lr["schema"]["section"] == "Training" and lr["schema"]["exclusiveMinimum"] == 0
+    assert "learning rate" in lr["description"].lower() and "[train.lr]" in lr["description"]
+    assert spec["train_steps"]["schema"].items() >= {"type": "integer", "minimum": 1}.items() and spec["train_steps"]["value"] == 30
+    assert spec["train_decay"]["schema"]["enum"] == ["cosine", "linear"]
+    assert spec["preflight_action"]["schema"]["values_display"]["decontaminate"].startswith("drop")
+    assert spec["eval_confidence"]["schema"].items() >= {"minimum": 0.5, "exclusiveMaximum": 1.0}.items()
+    assert spec["eval_bootstrap_samples"]["schema"]["maximum"] == 100_000
+    assert spec["tokenizer_vocab_size"]["schema"].items() >= {"minimum": 260, "maximum": 1_048_576}.items()
+    assert spec["model_dropout"]["schema"].items() >= {"minimum": 0.0, "maximum": 1.0}.items()
+    assert {"compute_nodes", "train_seed", "eval_seed", "eval_baseline", "train_batch_size", "model_n_layer"} <= set(spec)
+
+    # the run-level fields first (the form's open default section), then the groups in order, then the JSON
+    sections = [s["schema"].get("section") for s in spec.values()]
+    assert sections[:4] == [None] * 4 and list(spec)[:4] == ["config", "name", "parent", "set"]
+    assert list(dict.fromkeys(sections[4:])) == [*GROUPS, ADVANCED]
+    for name in ("data", "train", "compute", "eval", "refresh"):
+        assert spec[name]["schema"]["section"] == ADVANCED and isinstance(spec[name]["value"], dict), name
+    assert "lr" not in spec["train"]["value"] and "grad_clip" in spec["train"]["value"]  # shown once, not twice
+
+    for key, s in spec.items():
+        assert s["schema"].get("title") and s["description"], key
+        assert not re.search(r"[a-z]Config\b", s["schema"]["title"]), (key, s["schema"]["title"])  # no class names
+        if s["value"] is None:
+            assert "null" in s["schema"]["type"], key  # a null value is the default, not a failed validation
+    assert not [d for d in _descriptions(spec) if "``" in d]
+    optional = {k for k, s in spec.items() if not _required(s)}
+    assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent"))} <= optional
+    assert not [k for k, s in spec.items() if _required(s) and s["value"] in (None, "", [])]  # no required field empty
+
+    refresh = _spec(served["taxiway_refresh"])
+    assert refresh["refresh_steps"]["schema"]["section"] == "Refresh" and refresh["refresh_steps"]["value"] == 40
+    assert "refresh_steps" not in spec
+
+
+def _resolved(conf: dict[str, Any]):
+    """The run config the first task makes of ``conf`` (its real code path: checks, roots, merge, validation)."""
+    from taxiway_airflow.tasks import _conf_config
+
+    return _conf_config({"dag_run": SimpleNamespace(conf=conf)})
+
+
+def _accepted(dag, conf: dict[str, Any]) -> None:
+    """Airflow's own check of a trigger's conf against the params (what answers HTTP 400)."""
+    dag.params.deep_merge(conf).validate()
+
+
+def test_form_conf_and_nested_rest_conf_make_the_same_run_config(served):
+    dag = served["taxiway_train"]
+    form = {k: v["value"] for k, v in _spec(dag).items()}  # what the UI sends: every field, defaults included
+    form.update(train_lr=0.01, model_n_layer=3, eval_baseline="floor", compute_nodes=1)
+    form["train"] = {**form["train"], "grad_clip": 0.5}  # a field only the section's JSON shows
+    rest = {"train": {"lr": 0.01, "grad_clip": 0.5}, "model": {"n_layer": 3}, "eval": {"baseline": "floor"},
+            "compute": {"nodes": 1}}
+    for conf in (form, rest):
+        _accepted(dag, conf)
+    by_form, by_rest = _resolved(form), _resolved(rest)
+    assert by_form == by_rest and by_form.sha256() == by_rest.sha256()
+    assert (by_form.train.lr, by_form.model.n_layer, by_form.train.grad_clip, by_form.compute.nodes) == (0.01, 3, 0.5, 1)
+    assert _resolved({k: v["value"] for k, v in _spec(dag).items()}) == _resolved({})  # an untouched form changes nothing
+    flat = _resolved({"train_lr": 0.01, "model_n_layer": 3, "eval_baseline": "floor", "compute_nodes": 1,
+                      "train": {"grad_clip": 0.5}})  # REST may send form fields too
+    assert flat == by_rest
+
+
+def test_contradictions_are_refused_naming_both_keys_and_a_changed_value_wins(served):
+    from pipelines.config import ConfigError
+    from taxiway_airflow.params import overrides_from_conf
+
+    with pytest.raises(ConfigError) as err:
+        overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.02}})
+    assert "train_lr" in str(err.value) and "train.lr = 0.02" in str(err.value) and "send one of them" in str(err.value)
+    assert overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.01}}) == {"train": {"lr": 0.01}}
+    default = _spec(served["taxiway_train"])["train_lr"]["value"]
+    assert overrides_from_conf({"train_lr": default, "train": {"lr": 0.02}}) == {"train": {"lr": 0.02}}
+    assert overrides_from_conf({"train_lr": 0.02, "train": {"lr": default}}) == {"train": {"lr": 0.02}}
+    assert overrides_from_conf({"train": None, "parent": None}) == {}  # a cleared JSON editor changes nothing
+
+
+def test_bad_form_values_are_refused_at_trigger_time_naming_the_field(served):
+    from airflow.exceptions import ParamValidationError
+
+    from pipelines.config import ConfigError
+    from taxiway_airflow.params import check_conf
+
+    dag = served["taxiway_train"]
+    for conf, key in [({"train_lr": -1}, "train_lr"), ({"train_decay": "step"}, "train_decay"),
+                      ({"compute_nodes": 0}, "compute_nodes"), ({"train": {"stepz": 5}}, "train")]:
+        with pytest.raises(ParamValidationError, match=f"param {key}"):
+            _accepted(dag, conf)
+    with pytest.raises(ConfigError, match=r"train_lrr: not a conf key \(did you mean 'train_lr'\?\)"):
+        check_conf({"train_lrr": 0.1})
+    with pytest.raises(ConfigError, match="data_train: environment references"):
+        check_conf({"data_train": "${HOME}"})
+
+
+def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served):
+    for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_land"):
+        doc = served[dag_id].doc_md
+        assert doc and "``" not in doc, dag_id
+    train = served["taxiway_train"].doc_md
+    assert all(stage in train for stage in ("preflight", "tokenize", "train", "evaluate", "register", "MLflow"))
+    wanted = {"preflight": "preflight/report.json", "tokenize": "cache/packed/", "train": "checkpoints/",
+              "evaluate": "eval/report.md", "register": "registry.json"}
+    for dag_id in ("taxiway_train", "taxiway_refresh"):
+        groups = served[dag_id].task_group.children
+        for group, where in wanted.items():
+            assert where in (groups[group].doc_md or ""), (dag_id, group)
+            assert groups[group].tooltip, (dag_id, group)
