@@ -127,3 +127,23 @@ def test_a_long_curve_is_thinned_to_its_shape_and_keeps_its_last_point():
     kept = thinned(points, 300)
     assert len(kept) <= 300 and kept[0] == points[0] and kept[-1] == points[-1]
     assert thinned(points[:10], 300) == points[:10]
+
+
+def test_the_mlflow_run_is_found_by_its_airflow_run_before_registration(airflow_db, home: Path, monkeypatch):
+    """While the gang trains, only the MLflow run the trigger ships metrics into exists (tag
+    ``taxiway.run_key``); the link finds it there (this test's own SQLite MLflow store)."""
+    from pipelines import stages
+    from pipelines.config import load_config
+    from pipelines.registry.client import client
+    from pipelines.registry.runs import open_run
+    from pipelines.run_folder import run_dir
+    from taxiway_airflow.runs_view import mlflow_ui
+
+    monkeypatch.delenv("TAXIWAY_MLFLOW_UI_URL", raising=False)
+    run_key = "manual__2026-12-01T11:00:00+00:00"
+    folder = run_dir(run_key)
+    cfg = load_config(TINY)
+    stages.prepare(cfg, folder)
+    assert mlflow_ui.run_url(run_key, folder) is None
+    mlflow_run = open_run(client(), cfg, run_key)
+    assert mlflow_ui.run_url(run_key, folder) == f"http://127.0.0.1:5000/#/runs/{mlflow_run}"

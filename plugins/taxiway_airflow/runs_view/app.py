@@ -125,15 +125,16 @@ def create_app() -> FastAPI:
     app = FastAPI(title="Taxiway training runs", docs_url=None, redoc_url=None, openapi_url=None)
     dag_access = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
 
+    async def listed(user: Any) -> list[render.RunRow]:
+        return await off_loop(("runs", user.get_id()), lambda: _rows(_readable(user)))
+
     @app.get("/runs", response_class=HTMLResponse)
     async def runs(request: Request, user: GetUserDep) -> str:
-        dag_ids = _readable(user)
-        return render.runs_table(await off_loop(("runs", dag_ids), lambda: _rows(dag_ids)), _root(request))
+        return render.runs_table(await listed(user), _root(request))
 
     @app.get("/api/runs")
     async def runs_json(user: GetUserDep) -> JSONResponse:
-        dag_ids = _readable(user)
-        rows = await off_loop(("runs", dag_ids), lambda: _rows(dag_ids))
+        rows = await listed(user)
         return JSONResponse([{"dag_id": r.dag_id, "run_id": r.run_id, "state": r.state, "note": r.note,
                               "status": r.files.status, "decision": r.files.decision,
                               "registry": r.files.registry, "failure": r.files.failure,
@@ -156,16 +157,18 @@ def create_app() -> FastAPI:
     async def go(request: Request, target: str, dag_id: str, run_id: str) -> Any:
         row = await _one(dag_id, run_id)
         if target == "mlflow-run":
-            found = await off_loop(("mlflow-run", run_id), lambda: mlflow_ui.find_run(run_id, row.files.folder))
+            found = await off_loop(("mlflow-run", run_id), lambda: mlflow_ui.run_url(run_id, row.files.folder))
             if not found:
                 return HTMLResponse(render.message("No MLflow run yet", f"{run_id} has not logged to MLflow yet "
                                                    "(training ships metrics once the gang runs)."), 404)
-            return RedirectResponse(mlflow_ui.run_url(found))
+            return RedirectResponse(found)
         if target == "model-version":
             reg = row.files.registry
             if not reg.get("version"):
                 return HTMLResponse(render.message("No model version", f"{run_id} registered no model (yet)."), 404)
-            return RedirectResponse(mlflow_ui.model_version_url(str(reg["model_name"]), str(reg["version"])))
+            url = await off_loop(("model-version", run_id), lambda: mlflow_ui.model_version_url(
+                str(reg["model_name"]), str(reg["version"])))
+            return RedirectResponse(url)
         if target == "eval-report":
             return await _eval_report(request, row)
         raise HTTPException(404, f"{target}: no such link (mlflow-run, model-version, eval-report)")

@@ -46,12 +46,14 @@ def ui_base() -> str:
     return base.rstrip("/")
 
 
-def run_url(mlflow_run_id: str) -> str:
-    return f"{ui_base()}/#/runs/{quote(mlflow_run_id, safe='')}"
-
-
 def model_version_url(name: str, version: str) -> str:
     return f"{ui_base()}/#/models/{quote(name, safe='')}/versions/{quote(str(version), safe='')}"
+
+
+def run_url(run_key: str, folder: Path) -> str | None:
+    """The MLflow UI's page of the Airflow run ``run_key``'s MLflow run (None before it has one)."""
+    found = find_run(run_key, folder)
+    return f"{ui_base()}/#/runs/{quote(found, safe='')}" if found else None
 
 
 def find_run(run_key: str, folder: Path) -> str | None:
