@@ -33,5 +33,10 @@ class LazyApp:
 class TaxiwayPlugin(AirflowPlugin):
     name = "taxiway"
     fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Taxiway training runs"}]
-    external_views = [{"name": "Training runs", "href": f"{URL_PREFIX}/runs", "destination": "nav",
-                       "url_route": "training-runs", "category": "browse", "nav_top_level": True}]
+    external_views = [
+        {"name": "Training runs", "href": f"{URL_PREFIX}/runs", "destination": "nav", "url_route": "training-runs",
+         "category": "browse", "nav_top_level": True},
+        # a tab on every DAG run's page (the UI fills in {DAG_ID} and {RUN_ID}); other DAGs' runs get a 404 line
+        {"name": "Training", "href": f"{URL_PREFIX}/runs/{{DAG_ID}}/{{RUN_ID}}", "destination": "dag_run",
+         "url_route": "taxiway-run"},
+    ]
