@@ -15,7 +15,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       checkpoints/step-NNNNNNNN/     written by the trainer (see trainer/checkpoint.py)
       status.json, metrics.jsonl, events.jsonl    the trainer's status, curve and event log
       model/                         the exported model (weights + tokenizer files)
-      eval/                          report.json, plots, baseline/ (the downloaded baseline)
+      eval/                          report.json, report.md, comparison.png, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
       failure.json                   the newest failure's summary: stage, reason, what to do next
       refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
