@@ -44,8 +44,6 @@ def shots(tmp_path: Path) -> Path:
 
 
 def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_airflow, browser, shots: Path):
-    from playwright.sync_api import expect
-
     live = live_airflow
     good = live.trigger(DAG, {"train": {"seed": 11}})
     bad = live.trigger(DAG, {"trian": {"lr": 0.1}})  # a typo: resolve_config fails, naming it
@@ -56,6 +54,17 @@ def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_a
 
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     page.set_default_timeout(60_000)
+    try:
+        _walk_the_console(page, live, good_id, bad_id, shots)
+    except Exception:
+        page.screenshot(path=shots / "at-failure.png", full_page=True)  # kept with the failed test's folder
+        raise
+
+
+def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)  # the UI's first load on a busy machine takes seconds
     page.goto(f"{live.url}/")
     page.locator("input[name=username]").fill("admin")
     page.locator("input[name=password]").fill(live.password)
