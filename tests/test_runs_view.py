@@ -147,3 +147,27 @@ def test_the_mlflow_run_is_found_by_its_airflow_run_before_registration(airflow_
     assert mlflow_ui.run_url(run_key, folder) is None
     mlflow_run = open_run(client(), cfg, run_key)
     assert mlflow_ui.run_url(run_key, folder) == f"http://127.0.0.1:5000/#/runs/{mlflow_run}"
+
+
+def test_a_slow_read_answers_503_in_bounded_time_and_fills_the_cache_for_the_next_try(monkeypatch):
+    """Shared storage that hangs must not hang the api-server: the request gives up, the read goes on
+    in the view's pool, and the next request gets its result from the cache."""
+    import asyncio
+    import time
+
+    from fastapi import HTTPException
+
+    from taxiway_airflow.runs_view import app
+
+    monkeypatch.setattr(app, "REQUEST_TIMEOUT_S", 0.2)
+
+    def slow() -> str:
+        time.sleep(0.6)
+        return "read"
+
+    started = time.monotonic()
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(app.off_loop(("slow-folder", 1), slow))
+    assert refused.value.status_code == 503 and time.monotonic() - started < 0.5
+    time.sleep(0.6)
+    assert asyncio.run(app.off_loop(("slow-folder", 1), lambda: "computed again")) == "read"
