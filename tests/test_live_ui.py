@@ -79,7 +79,7 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     expect(row).to_contain_text("30/30")
     expect(row.locator("svg.sparkline polyline")).to_have_count(1)
     expect(row).to_contain_text("taxiway-tiny-gpt v")
-    expect(view.locator(f"tr[data-run-id='{bad_id}']")).to_contain_text("failed")
+    expect(view.locator(f"tr[data-run-id='{bad_id}']")).to_contain_text("Failed at resolve_config")
     page.screenshot(path=shots / "runs-view.png")
 
     page.goto(f"{live.url}/taxiway/runs/{DAG}/{quote(good_id, safe='')}")
@@ -96,20 +96,17 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     expect(dialog).to_contain_text("Trigger")
     page.screenshot(path=shots / "trigger-form.png")
 
-    # the register task's extra links; "Eval report" opens the report the plugin serves
-    page.goto(f"{live.url}/dags/{DAG}/runs/{quote(good_id, safe='')}/tasks/register.model_version")
+    # the register task's extra links (its Details tab); same-origin links open in the same tab
+    page.goto(f"{live.url}/dags/{DAG}/runs/{quote(good_id, safe='')}/tasks/register.model_version/details")
     for name in ("Model version", "MLflow run", "Eval report"):
         expect(page.get_by_role("link", name=name)).to_be_visible()
     href = page.get_by_role("link", name="Model version").get_attribute("href")
     assert href and href.endswith(f"/taxiway/go/model-version/{DAG}/{quote(good_id, safe='')}"), href
     page.screenshot(path=shots / "task-extra-links.png")
-    with page.context.expect_page() as opened:
-        page.get_by_role("link", name="Eval report").click()
-    report = opened.value
-    report.wait_for_load_state()
-    expect(report.get_by_role("heading", name=f"Evaluation of {good_id}")).to_be_visible()
-    expect(report.locator("img[alt='per-unit comparison']")).to_be_visible()
-    report.screenshot(path=shots / "eval-report.png", full_page=True)
+    page.get_by_role("link", name="Eval report").click()
+    expect(page.get_by_role("heading", name=f"Evaluation of {good_id}")).to_be_visible()
+    expect(page.locator("img[alt='per-unit comparison']")).to_be_visible()
+    page.screenshot(path=shots / "eval-report.png", full_page=True)
 
     # a failed run's note says where, why and what next, in the run's own page of the grid
     page.goto(f"{live.url}/dags/{DAG}/runs/{quote(bad_id, safe='')}")

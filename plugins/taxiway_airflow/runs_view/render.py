@@ -28,6 +28,7 @@ th{background:#f5f7fa}
 .state-running,.state-queued{background:#d6e4ff}
 .muted{color:#7b8794}
 pre{background:#f5f7fa;padding:8px;white-space:pre-wrap}
+.why{color:#cf1124;font-size:12px}
 .failure{border-left:4px solid #e12d39;background:#fff5f5;padding:8px 12px;margin:12px 0}
 """
 
@@ -107,6 +108,16 @@ def run_links(row: RunRow, root: str) -> str:
     return " · ".join(out)
 
 
+def _why(row: RunRow) -> str:
+    """A failed run's one line: the failure summary, else the first line of the run's note."""
+    if row.state != "failed":
+        return ""
+    failure = row.files.failure
+    text = (f"failed at {failure.get('stage')}: {failure.get('reason')}" if failure
+            else (row.note or "").strip().splitlines()[0].replace("**", "") if row.note else "")
+    return f"<br><span class='why'>{escape(text[:160])}</span>" if text else ""
+
+
 def runs_table(rows: list[RunRow], root: str) -> str:
     head = ("<tr><th>run</th><th>state</th><th>training</th><th>step</th><th>loss</th><th>curve</th>"
             "<th>tokens/s</th><th>restarts</th><th>last checkpoint</th><th>eval</th><th>links</th></tr>")
@@ -118,7 +129,7 @@ def runs_table(rows: list[RunRow], root: str) -> str:
         body.append(
             f"<tr class='run' data-run-id='{escape(row.run_id)}'>"
             f"<td><a href='{page}'>{escape(row.run_id)}</a><br><span class='muted'>{escape(row.dag_id)} "
-            f"{started}</span></td><td>{_badge(row.state)}</td><td>{_badge(st.get('state'))}</td>"
+            f"{started}</span>{_why(row)}</td><td>{_badge(row.state)}</td><td>{_badge(st.get('state'))}</td>"
             f"<td>{_progress(f)}</td><td>{_num(st.get('loss'), '.4f')}</td><td>{sparkline(f.losses)}</td>"
             f"<td>{_num(st.get('tokens_per_s'), ',.0f')}</td><td>{_num(st.get('restarts'), 'd')}</td>"
             f"<td>{_checkpoint(f)}</td><td>{_badge(f.decision)}</td><td>{run_links(row, root)}</td></tr>")
