@@ -63,6 +63,7 @@ def test_one_line_keeps_a_reports_failing_checks():
     assert one_line(gate) == "preflight FAILED: manifest: val/a.txt: size 10 != 12"
     assert one_line("x" * 500, limit=50) == "x" * 49 + "…"
     assert one_line("\n\nfirst\nsecond") == "first"
+    assert one_line("invalid conf:\n  trian: not a conf key\n  x: no") == "invalid conf: trian: not a conf key; x: no"
 
 
 @pytest.mark.parametrize(("task_id", "kind", "reason", "expected"), [
@@ -96,3 +97,18 @@ def test_kinds_are_read_under_airflows_wrapper():
     except AirflowFailException as wrapped:
         assert kind_label(_root_cause(wrapped)) == "bad input"
     assert kind_label(Transient("x")) == "transient failure (try again)" and kind_label(KeyError("x")) == "unexpected error"
+
+
+def test_a_conf_typo_is_summarized_although_the_run_folder_was_never_made(dag):
+    """resolve_config fails before it writes the run folder: the summary still lands there, so the
+    DAG's callback keeps it (and its note) instead of writing a poorer one without the exception."""
+    from pipelines.run_folder import RunFolder, run_dir
+
+    dr = dag.test(run_conf={"trian": {"lr": 0.1}})
+    assert str(dr.state) == "failed"
+    summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
+    assert (summary["stage"], summary["kind"]) == ("resolve_config", "bad input"), summary
+    assert summary["reason"].startswith("invalid conf: trian: not a conf key (did you mean 'train'?)"), summary["reason"]
+    assert summary["next"] == "fix the conf or config field named above and trigger a new run"
+    note = _note("taxiway_train", dr.run_id)
+    assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian: not a conf"), note

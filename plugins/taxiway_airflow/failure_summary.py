@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 log = logging.getLogger("taxiway")
 
 MAX_REASON = 300
+TASK_SUMMARY_WAIT_S = 10.0  # how long the DAG's callback waits for the failed task's own summary
 _MANIFEST_LINE = re.compile(r"(\S+\.jsonl):(\d+)")
 
 
@@ -48,10 +50,18 @@ class FailureSummary:
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
     """``text`` in one line of at most ``limit`` characters: its first line, followed by the lines
-    that say FAIL when it is a report (the preflight gate's: "preflight FAILED" and one line per check)."""
+    that say FAIL when it is a report (the preflight gate's: "preflight FAILED" and one line per check),
+    or by the lines it introduces when it ends with a colon ("invalid conf:" and one line per key)."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if not lines:
+        return ""
     failing = [ln.replace("[FAIL] ", "") for ln in lines[1:] if ln.startswith("[FAIL]")]
-    first = (lines[0] + (": " + "; ".join(failing) if failing else "")) if lines else ""
+    if failing:
+        first = f"{lines[0]}: {'; '.join(failing)}"
+    elif lines[0].endswith(":") and len(lines) > 1:
+        first = f"{lines[0]} {'; '.join(lines[1:])}"
+    else:
+        first = lines[0]
     return first if len(first) <= limit else first[:limit - 1] + "…"
 
 
@@ -108,7 +118,7 @@ def summarize(context: dict[str, Any], reason: str | None = None) -> FailureSumm
     ti = context["ti"]
     run_id, task_id = context["run_id"], ti.task_id
     exc = _root_cause(context.get("exception"))
-    kind = kind_label(exc)
+    kind = kind_label(exc) if exc is not None else "failed (see the task log)"
     text = one_line(reason if reason is not None else (str(exc) or type(exc).__name__) if exc else "failed")
     folder = str(run_dir(run_id))
     return FailureSummary(dag_id=ti.dag_id, run_id=run_id, task_id=task_id, stage=task_id.split(".", 1)[0],
@@ -123,9 +133,9 @@ def record(summary: FailureSummary) -> None:
     from taxiway_airflow.run_note import set_note
     from trainer import fsio
 
-    folder = RunFolder(Path(summary.run_folder))
-    if folder.root.exists():
-        fsio.write_json(folder.failure_summary, asdict(summary))
+    # written even when the run failed before its folder was made (resolve_config): the DAG's callback
+    # then finds it instead of replacing the note with a poorer summary of its own
+    fsio.write_json(RunFolder(Path(summary.run_folder)).failure_summary, asdict(summary))
     if why := set_note(summary.dag_id, summary.run_id, summary.note()):
         log.warning("could not set the run's note: %s", why)
     log.error("%s", summary.line())
@@ -143,13 +153,18 @@ def dag_failed(context: dict[str, Any]) -> None:
     from pipelines.run_folder import RunFolder, run_dir
 
     path = RunFolder(run_dir(context["run_id"])).failure_summary
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, ValueError):
-        earlier = None
-    if earlier and earlier.get("run_id") == context["run_id"]:
-        record(FailureSummary(**earlier))
-        return
+    deadline = time.monotonic() + TASK_SUMMARY_WAIT_S
+    while True:  # the failed task's callback may still be writing: the run's state reaches us first
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if earlier and earlier.get("run_id") == context["run_id"]:
+            record(FailureSummary(**earlier))
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     if context.get("ti") is None:  # no failed task known (e.g. the run timed out before any ran)
         log.error("TAXIWAY FAILURE of %s: %s", context["run_id"], context.get("reason"))
         return
