@@ -79,7 +79,7 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     expect(row).to_contain_text("30/30")
     expect(row.locator("svg.sparkline polyline")).to_have_count(1)
     expect(row).to_contain_text("taxiway-tiny-gpt v")
-    expect(view.locator(f"tr[data-run-id='{bad_id}']")).to_contain_text("Failed at resolve_config")
+    expect(view.locator(f"tr[data-run-id='{bad_id}']")).to_contain_text("failed at resolve_config: invalid conf: trian")
     page.screenshot(path=shots / "runs-view.png")
 
     page.goto(f"{live.url}/taxiway/runs/{DAG}/{quote(good_id, safe='')}")
@@ -112,4 +112,5 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     page.goto(f"{live.url}/dags/{DAG}/runs/{quote(bad_id, safe='')}")
     expect(page.get_by_text("Failed at resolve_config").first).to_be_visible()
     expect(page.get_by_text("trian: not a conf key").first).to_be_visible()
+    expect(page.get_by_text("Upstream Failed").first).to_be_visible()  # the task table has loaded
     page.screenshot(path=shots / "failure-note.png")
