@@ -71,8 +71,10 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda url: "/auth/" not in url)
 
-    # the view, as the navigation entry shows it (an iframe in Airflow's own page)
-    page.goto(f"{live.url}/plugin/training-runs")
+    # the view, from its entry in the navigation (Browse → Training runs: an iframe in Airflow's own page)
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Training runs").click()
+    page.wait_for_url("**/plugin/training-runs")
     view = page.frame_locator("iframe").first
     row = view.locator(f"tr[data-run-id='{good_id}']")
     expect(row).to_contain_text("succeeded")
