@@ -19,7 +19,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from taxiway_airflow import pipeline, tasks
+from taxiway_airflow import failure_summary, pipeline, tasks
 from taxiway_airflow.params import build_params, default_config_path, form_defaults
 from taxiway_airflow.refresh import landing_asset
 
@@ -33,6 +33,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
+    default_args=failure_summary.CALLBACKS,  # every task: a failure summary in folder, log and note
+    on_failure_callback=failure_summary.dag_failed,
     params=build_params(refresh=True),
     tags=["taxiway", "training", "refresh"],
     doc_md=__doc__,

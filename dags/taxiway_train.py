@@ -19,7 +19,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 
-from taxiway_airflow import pipeline, tasks
+from taxiway_airflow import failure_summary, pipeline, tasks
 from taxiway_airflow.params import build_params
 
 with DAG(
@@ -29,6 +29,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=4,
+    default_args=failure_summary.CALLBACKS,  # every task: a failure summary in folder, log and note
+    on_failure_callback=failure_summary.dag_failed,
     params=build_params(),
     tags=["taxiway", "training"],
     doc_md=__doc__,

@@ -15,8 +15,9 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       checkpoints/step-NNNNNNNN/     written by the trainer (see trainer/checkpoint.py)
       status.json, metrics.jsonl, events.jsonl    the trainer's status, curve and event log
       model/                         the exported model (weights + tokenizer files)
-      eval/                          report.json, plots, baseline/ (the downloaded baseline)
+      eval/                          report.json, report.md, comparison.png, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
+      failure.json                   the newest failure's summary: stage, reason, what to do next
       refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
       refresh/data/, assembled.json  its dataset (new train files, the fixed val, fresh/ held out)
       refresh/ledger.json            the batches of the version it registered
@@ -196,12 +197,25 @@ class RunFolder:
         return self.eval / "report.json"
 
     @property
+    def eval_summary(self) -> Path:
+        return self.eval / "report.md"
+
+    @property
+    def comparison_plot(self) -> Path:
+        return self.eval / "comparison.png"
+
+    @property
     def baseline(self) -> Path:
         return self.eval / "baseline"
 
     @property
     def registry_record(self) -> Path:
         return self.root / "registry.json"
+
+    @property
+    def failure_summary(self) -> Path:
+        """What the failure callback wrote when a task of the run failed (the newest failure)."""
+        return self.root / "failure.json"
 
     # refresh -----------------------------------------------------------------------------------
     @property

@@ -118,6 +118,9 @@ class LiveAirflow:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",  # the DAG file does not change here
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "PYTHONUNBUFFERED": "1",
+            # what a deployment gives its workers so failure callbacks can set a run's note (REST)
+            "TAXIWAY_AIRFLOW_URL": self.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
+            "TAXIWAY_AIRFLOW_PASSWORD": self.password,
             **(celery.env() if celery else {}),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)  # the deployment's own store unless extra_env names one

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -68,6 +69,32 @@ def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag):
     assert c.get_run(mv.run_id).info.artifact_uri.startswith((Path(os.environ["TAXIWAY_HOME"]) / "mlartifacts").as_uri())
     artifacts = {a.path for a in c.list_artifacts(mv.run_id, "model")}
     assert {"model/model.safetensors", "model/tokenizer.json", "model/model.json"} <= artifacts
+    quoted = quote(dr.run_id, safe="")
+    assert _links(dr, "register.model_version") == {  # what the UI's buttons open (taxiway_airflow/links.py)
+        f"taxiway_link_{target}": f"/taxiway/go/{target}/taxiway_train/{quoted}"
+        for target in ("model-version", "mlflow-run", "eval-report")}
+    assert _links(dr, "train.gang") == {"taxiway_link_mlflow-run": f"/taxiway/go/mlflow-run/taxiway_train/{quoted}"}
+
+
+def _links(dr, task_id: str) -> dict[str, str]:
+    """The extra links the worker stored for a task as XComs when it ended."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(select(XComModel.key, XComModel.value).where(
+            XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id, XComModel.task_id == task_id,
+            XComModel.key.like("taxiway_link_%"))).all()
+    return {key: _plain(value) for key, value in rows}
+
+
+def _plain(value: object) -> object:
+    """An XCom value as the api-server's ``XComOperatorLink`` reads it: JSON, else the raw value."""
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def test_a_model_that_does_not_beat_the_unigram_floor_is_only_challenger(dag):

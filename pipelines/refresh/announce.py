@@ -35,7 +35,8 @@ def check() -> None:
         raise BadInput(f"{URL} is set but no credentials: set {TOKEN}, or {USER} and {PASSWORD}")
 
 
-def _token(url: str) -> str:
+def token(url: str) -> str:
+    """An API token for the api-server at ``url``, from the environment (see above)."""
     check()
     if os.environ.get(TOKEN):
         return os.environ[TOKEN]
@@ -60,7 +61,7 @@ def announce(batch: Batch, landing: str) -> dict[str, Any]:
 
     url = os.environ[URL].rstrip("/")
     uri = asset_uri(landing)
-    api = af.ApiClient(af.Configuration(host=url, access_token=_token(url)))
+    api = af.ApiClient(af.Configuration(host=url, access_token=token(url)))
     try:
         assets = af.AssetApi(api).get_assets(uri_pattern=uri).assets
         match = [a for a in assets if a.uri == uri]

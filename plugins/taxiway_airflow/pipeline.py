@@ -11,6 +11,7 @@ from airflow.sdk import TaskGroup
 
 from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
+from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
@@ -50,10 +51,10 @@ def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
             tasks.smoke.override(task_id="smoke")(run) >> gang >> final
 
     with TaskGroup("evaluate", **STAGES["evaluate"]._asdict()) as evaluate:
-        tasks.evaluate.override(task_id="score")(run)
+        with_links(tasks.evaluate.override(task_id="score")(run), EVALUATE_LINKS)
 
     with TaskGroup("register", **STAGES["register"]._asdict()) as register:
-        tasks.register.override(task_id="model_version")(run)
+        with_links(tasks.register.override(task_id="model_version")(run), REGISTER_LINKS)
 
     preflight >> tokenize >> train >> evaluate >> register
     return preflight, register

@@ -25,6 +25,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines.errors import BadInput
 from taxiway_airflow.failures import failure_kinds
+from taxiway_airflow.links import TRAIN_LINKS
 from taxiway_airflow.triggers.gang import GangTrigger
 
 log = logging.getLogger("taxiway")
@@ -40,6 +41,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     template_fields = ("run",)
     external_id_key = "taxiway_gang"
     ui_color = "#f0e4ff"
+    operator_extra_links = TRAIN_LINKS  # the MLflow run the trigger ships metrics into
     launch_confirm_s = 60.0  # wait here for the gang's first sign of life before deferring
 
     def __init__(self, *, run: Any, poll_s: float = 2.0, **kwargs: Any) -> None:

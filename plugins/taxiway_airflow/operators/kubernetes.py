@@ -30,6 +30,7 @@ from airflow.sdk.exceptions import AirflowException
 from pipelines.errors import BadInput, Transient
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.hooks.kubernetes import ignore_missing, remove_jobs
+from taxiway_airflow.links import TRAIN_LINKS
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
 log = logging.getLogger("taxiway")
@@ -77,6 +78,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
     template_fields = (*KubernetesJobOperator.template_fields, "run")
     external_id_key = "taxiway_k8s_job"
     ui_color = "#e4f0ff"
+    operator_extra_links = TRAIN_LINKS  # the MLflow run the trigger ships metrics into
 
     def __init__(self, *, run: Any, pods_timeout_s: float = 120.0, **kwargs: Any) -> None:
         kwargs = {"deferrable": True, "job_poll_interval": 30, "get_logs": True, **kwargs}

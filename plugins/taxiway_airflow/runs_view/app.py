@@ -1,0 +1,192 @@
+"""The "Training runs" FastAPI app, mounted by the Taxiway plugin at ``/taxiway`` on the api-server.
+
+Every route needs what the Airflow UI needs to see a DAG run (the ``_token`` cookie the UI's login
+sets, or a bearer token): Airflow's own ``requires_access_dag`` dependency, so a request without a
+valid token gets 401/403 like any REST call. The runs list only shows DAGs the user may read.
+
+The api-server's event loop must never wait on a run folder (shared storage can hang) or MLflow:
+file, database and MLflow reads run in a small thread pool of their own, each request waits at most
+``REQUEST_TIMEOUT_S`` (then 503, try again), and results are cached for ``CACHE_TTL_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from airflow.api_fastapi.core_api.security import DagAccessEntity, GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+
+from taxiway_airflow.runs_view import folder as run_files
+from taxiway_airflow.runs_view import mlflow_ui, render
+
+DAG_IDS = ("taxiway_train", "taxiway_refresh")
+MAX_RUNS = 100            # newest runs listed
+REQUEST_TIMEOUT_S = 8.0   # longest a request waits for files, the database or MLflow
+CACHE_TTL_S = 5.0         # status.json is rewritten every few seconds: fresher would only cost reads
+
+T = TypeVar("T")
+
+
+class TtlCache:
+    """Results by key for ``ttl_s`` seconds; concurrent misses of one key may both compute (harmless)."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 512) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._lock = threading.Lock()
+        self._entries: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any, compute: Callable[[], T]) -> T:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit and now - hit[0] < self.ttl_s:
+                return hit[1]
+        value = compute()
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (time.monotonic(), value)
+        return value
+
+
+_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taxiway-runs-view")
+_cache = TtlCache(CACHE_TTL_S)
+
+
+async def off_loop(key: Any, compute: Callable[[], T]) -> T:
+    """``compute()`` (cached under ``key``) in the view's thread pool, waited for at most
+    ``REQUEST_TIMEOUT_S``; a slow read keeps going in its thread and fills the cache for the next try."""
+    future = asyncio.get_running_loop().run_in_executor(_pool, _cache.get, key, compute)
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), REQUEST_TIMEOUT_S)
+    except TimeoutError:
+        raise HTTPException(503, f"reading {key[0]} took longer than {REQUEST_TIMEOUT_S:.0f} s; try again") from None
+
+
+# --- reads (run in the pool) --------------------------------------------------------------------
+
+def _airflow_runs(dag_ids: tuple[str, ...], run_id: str | None = None) -> list[tuple[str, str, str, Any, str | None]]:
+    """(dag_id, run_id, state, start_date, note) of the newest runs of ``dag_ids``, newest first."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from sqlalchemy.orm import joinedload
+
+    query = select(DagRun).options(joinedload(DagRun.dag_run_note)).where(DagRun.dag_id.in_(dag_ids))
+    if run_id is not None:
+        query = query.where(DagRun.run_id == run_id)
+    with create_session() as session:
+        runs = session.scalars(query.order_by(DagRun.run_after.desc()).limit(MAX_RUNS)).unique().all()
+        return [(r.dag_id, r.run_id, str(r.state), r.start_date, r.note) for r in runs]
+
+
+def _folder(run_id: str) -> Path:
+    from pipelines.run_folder import run_dir
+
+    return run_dir(run_id)
+
+
+def _rows(dag_ids: tuple[str, ...], run_id: str | None = None, with_events: bool = False) -> list[render.RunRow]:
+    return [render.RunRow(dag, run, state, started, note, run_files.read(_folder(run), with_events))
+            for dag, run, state, started, note in _airflow_runs(dag_ids, run_id)]
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+def _root(request: Request) -> str:
+    return request.scope.get("root_path", "").rstrip("/")
+
+
+def _readable(user: Any) -> tuple[str, ...]:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    return tuple(d for d in DAG_IDS if d in allowed)
+
+
+async def _one(dag_id: str, run_id: str, with_events: bool = False) -> render.RunRow:
+    if dag_id not in DAG_IDS:
+        raise HTTPException(404, f"{dag_id}: not a Taxiway training DAG ({', '.join(DAG_IDS)})")
+    rows = await off_loop(("run", dag_id, run_id, with_events), lambda: _rows((dag_id,), run_id, with_events))
+    if not rows:
+        raise HTTPException(404, f"{dag_id} has no run {run_id!r}")
+    return rows[0]
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="Taxiway training runs", docs_url=None, redoc_url=None, openapi_url=None)
+    dag_access = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+
+    async def listed(user: Any) -> list[render.RunRow]:
+        return await off_loop(("runs", user.get_id()), lambda: _rows(_readable(user)))
+
+    @app.get("/runs", response_class=HTMLResponse)
+    async def runs(request: Request, user: GetUserDep) -> str:
+        return render.runs_table(await listed(user), _root(request))
+
+    @app.get("/api/runs")
+    async def runs_json(user: GetUserDep) -> JSONResponse:
+        rows = await listed(user)
+        return JSONResponse([{"dag_id": r.dag_id, "run_id": r.run_id, "state": r.state, "note": r.note,
+                              "status": r.files.status, "decision": r.files.decision,
+                              "registry": r.files.registry, "failure": r.files.failure,
+                              "loss_points": len(r.files.losses)} for r in rows])
+
+    @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=dag_access)
+    async def run_page(request: Request, dag_id: str, run_id: str) -> str:
+        return render.run_page(await _one(dag_id, run_id, with_events=True), _root(request))
+
+    @app.get("/runs/{dag_id}/{run_id}/comparison.png", dependencies=dag_access)
+    async def comparison_plot(dag_id: str, run_id: str) -> FileResponse:
+        from pipelines.run_folder import RunFolder
+
+        path = RunFolder((await _one(dag_id, run_id)).files.folder).comparison_plot
+        if not await off_loop(("exists", str(path)), path.exists):
+            raise HTTPException(404, f"{path}: not written (the run was not evaluated)")
+        return FileResponse(path, media_type="image/png")
+
+    @app.get("/go/{target}/{dag_id}/{run_id}", dependencies=dag_access)
+    async def go(request: Request, target: str, dag_id: str, run_id: str) -> Any:
+        row = await _one(dag_id, run_id)
+        if target == "mlflow-run":
+            found = await off_loop(("mlflow-run", run_id), lambda: mlflow_ui.run_url(run_id, row.files.folder))
+            if not found:
+                return HTMLResponse(render.message("No MLflow run yet", f"{run_id} has not logged to MLflow yet "
+                                                   "(training ships metrics once the gang runs)."), 404)
+            return RedirectResponse(found)
+        if target == "model-version":
+            reg = row.files.registry
+            if not reg.get("version"):
+                return HTMLResponse(render.message("No model version", f"{run_id} registered no model (yet)."), 404)
+            url = await off_loop(("model-version", run_id), lambda: mlflow_ui.model_version_url(
+                str(reg["model_name"]), str(reg["version"])))
+            return RedirectResponse(url)
+        if target == "eval-report":
+            return await _eval_report(request, row)
+        raise HTTPException(404, f"{target}: no such link (mlflow-run, model-version, eval-report)")
+
+    async def _eval_report(request: Request, row: render.RunRow) -> HTMLResponse:
+        from pipelines.run_folder import RunFolder
+
+        folder = RunFolder(row.files.folder)
+
+        def read() -> tuple[str | None, bool]:
+            md = folder.eval_summary.read_text(errors="replace") if folder.eval_summary.exists() else None
+            return md, folder.comparison_plot.exists()
+
+        markdown, has_plot = await off_loop(("eval", str(folder.root)), read)
+        if markdown is None:
+            return HTMLResponse(render.message("No eval report", f"{folder.eval_summary}: not written yet"), 404)
+        page = f"{_root(request)}/runs/{quote(row.dag_id, safe='')}/{quote(row.run_id, safe='')}"
+        plot = f"{page}/comparison.png" if has_plot else None
+        return HTMLResponse(render.eval_report(row, markdown, plot))
+
+    return app

@@ -1,0 +1,114 @@
+"""Failure summaries: a failed ``taxiway_train`` run says where, why in one line and what to do next,
+in ``failure.json``, the task log's last lines and the run's note (real Airflow, ``dag.test()``);
+and the advice for each kind of failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY
+
+
+@pytest.fixture(scope="module")
+def dag(airflow_db, demo_data):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
+
+
+def _note(dag_id: str, run_id: str) -> str | None:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).note
+
+
+def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, home: Path, tmp_path: Path, caplog,
+                                                                          monkeypatch):
+    from pipelines.run_folder import RunFolder, run_dir
+
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")
+    data = tmp_path / "data"
+    shutil.copytree(home / "demo-data", data)
+    victim = sorted((data / "val").iterdir())[0]
+    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
+    dr = dag.test(run_conf={"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
+                                                          "manifest": str(data / "manifest.jsonl")}})
+    assert str(dr.state) == "failed"
+
+    summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
+    assert summary["run_id"] == dr.run_id and summary["stage"] == "preflight", summary
+    assert summary["task_id"] in ("preflight.manifest", "preflight.gate") and summary["kind"] == "check failed"
+    assert f"val/{victim.name}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
+    assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
+    assert summary["run_folder"] == str(run_dir(dr.run_id))
+
+    note = _note("taxiway_train", dr.run_id)
+    assert note and note.startswith("**Failed at preflight**") and f"val/{victim.name}" in note, note
+    failure_lines = [r.getMessage() for r in caplog.records if "TAXIWAY FAILURE at preflight" in r.getMessage()]
+    assert failure_lines and f"val/{victim.name}" in failure_lines[-1] and "next: " in failure_lines[-1]
+
+
+def test_one_line_keeps_a_reports_failing_checks():
+    from taxiway_airflow.failure_summary import one_line
+
+    gate = "preflight FAILED\n  [ok] documents: 160 docs\n  [FAIL] manifest: val/a.txt: size 10 != 12\n"
+    assert one_line(gate) == "preflight FAILED: manifest: val/a.txt: size 10 != 12"
+    assert one_line("x" * 500, limit=50) == "x" * 49 + "…"
+    assert one_line("\n\nfirst\nsecond") == "first"
+    assert one_line("invalid conf:\n  trian: not a conf key\n  x: no") == "invalid conf: trian: not a conf key; x: no"
+
+
+@pytest.mark.parametrize(("task_id", "kind", "reason", "expected"), [
+    ("resolve_config", "bad input", "train.lr: must be > 0", "fix the conf or config field"),
+    ("preflight.gate", "check failed", "manifest line bad: /d/manifest.jsonl:53: field 'bytes' missing",
+     "fix the manifest /d/manifest.jsonl line 53 and trigger a new run"),
+    ("preflight.overlap", "check failed", "12% of val near-duplicates train", "preflight/report.md"),
+    ("train.gang", "transient failure (try again)", "training gang failed: node 1 exited 1",
+     "resume: clear the train group"),
+    ("register.model_version", "transient failure (try again)", "MLflow unreachable",
+     "when it is back, clear register.model_version"),
+    ("evaluate.score", "unexpected error", "KeyError: 'x'", "read the log of evaluate.score"),
+])
+def test_advice_names_the_next_step(task_id: str, kind: str, reason: str, expected: str):
+    from taxiway_airflow.failure_summary import advice
+
+    assert expected in advice(task_id.split(".")[0], task_id, kind, reason, "/runs/r", 3)
+
+
+def test_kinds_are_read_under_airflows_wrapper():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines.errors import BadInput, Transient
+    from taxiway_airflow.failure_summary import _root_cause, kind_label
+
+    try:
+        try:
+            raise BadInput("data.train: missing")
+        except BadInput as exc:
+            raise AirflowFailException(f"bad input: {exc}") from exc
+    except AirflowFailException as wrapped:
+        assert kind_label(_root_cause(wrapped)) == "bad input"
+    assert kind_label(Transient("x")) == "transient failure (try again)" and kind_label(KeyError("x")) == "unexpected error"
+
+
+def test_a_conf_typo_is_summarized_although_the_run_folder_was_never_made(dag):
+    """resolve_config fails before it writes the run folder: the summary still lands there, so the
+    DAG's callback keeps it (and its note) instead of writing a poorer one without the exception."""
+    from pipelines.run_folder import RunFolder, run_dir
+
+    dr = dag.test(run_conf={"trian": {"lr": 0.1}})
+    assert str(dr.state) == "failed"
+    summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
+    assert (summary["stage"], summary["kind"]) == ("resolve_config", "bad input"), summary
+    assert summary["reason"].startswith("invalid conf: trian: not a conf key (did you mean 'train'?)"), summary["reason"]
+    assert summary["next"] == "fix the conf or config field named above and trigger a new run"
+    note = _note("taxiway_train", dr.run_id)
+    assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian: not a conf"), note

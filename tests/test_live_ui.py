@@ -1,0 +1,118 @@
+"""The Airflow UI as a training console, checked in a real browser: Debian's ``chromium`` driven by
+Playwright (pinned; no browser download) against the live api-server. It logs in on the login page,
+opens the "Training runs" view from the navigation entry, a run's page, the trigger form of
+``taxiway_train``, the register task's extra links (following "Eval report"), and a failed run's
+note in the grid. Screenshots go to ``TAXIWAY_SCREENSHOTS`` (the README's are made with
+``TAXIWAY_SCREENSHOTS=docs/screenshots``), else to the test's temporary folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from conftest import REPO
+
+DAG = "taxiway_train"
+pytestmark = [pytest.mark.live, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed (make browser installs it: apt-get install chromium)"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("TAXIWAY_SCREENSHOTS") or tmp_path)
+    out = out if out.is_absolute() else REPO / out
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_airflow, browser, shots: Path):
+    live = live_airflow
+    good = live.trigger(DAG, {"train": {"seed": 11}})
+    bad = live.trigger(DAG, {"trian": {"lr": 0.1}})  # a typo: resolve_config fails, naming it
+    assert good.status_code == bad.status_code == 200, (good.text, bad.text)
+    good_id, bad_id = good.json()["dag_run_id"], bad.json()["dag_run_id"]
+    assert live.wait_run(DAG, good_id, timeout_s=600)["state"] == "success"
+    assert live.wait_run(DAG, bad_id, timeout_s=300)["state"] == "failed"
+
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(60_000)
+    try:
+        _walk_the_console(page, live, good_id, bad_id, shots)
+    except Exception:
+        page.screenshot(path=shots / "at-failure.png", full_page=True)  # kept with the failed test's folder
+        raise
+
+
+def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)  # the UI's first load on a busy machine takes seconds
+    page.goto(f"{live.url}/")
+    page.locator("input[name=username]").fill("admin")
+    page.locator("input[name=password]").fill(live.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/" not in url)
+
+    # the view, from its entry in the navigation (Browse → Training runs: an iframe in Airflow's own page)
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Training runs").click()
+    page.wait_for_url("**/plugin/training-runs")
+    view = page.frame_locator("iframe").first
+    row = view.locator(f"tr[data-run-id='{good_id}']")
+    expect(row).to_contain_text("succeeded")
+    expect(row).to_contain_text("30/30")
+    expect(row.locator("svg.sparkline polyline")).to_have_count(1)
+    expect(row).to_contain_text("taxiway-tiny-gpt v")
+    expect(view.locator(f"tr[data-run-id='{bad_id}']")).to_contain_text("failed at resolve_config: invalid conf: trian")
+    page.screenshot(path=shots / "runs-view.png")
+
+    page.goto(f"{live.url}/taxiway/runs/{DAG}/{quote(good_id, safe='')}")
+    expect(page.get_by_role("heading", name="Loss")).to_be_visible()
+    expect(page.locator("figure svg polyline")).to_have_count(1)
+    expect(page.get_by_role("heading", name="Status history")).to_be_visible()
+    page.screenshot(path=shots / "run-page.png", full_page=True)
+
+    # the trigger form
+    page.goto(f"{live.url}/dags/{DAG}")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("Trigger")
+    page.screenshot(path=shots / "trigger-form.png")
+
+    # the register task's extra links (its Details tab); same-origin links open in the same tab
+    page.goto(f"{live.url}/dags/{DAG}/runs/{quote(good_id, safe='')}/tasks/register.model_version/details")
+    for name in ("Model version", "MLflow run", "Eval report"):
+        expect(page.get_by_role("link", name=name)).to_be_visible()
+    href = page.get_by_role("link", name="Model version").get_attribute("href")
+    assert href and href.endswith(f"/taxiway/go/model-version/{DAG}/{quote(good_id, safe='')}"), href
+    page.screenshot(path=shots / "task-extra-links.png")
+    page.get_by_role("link", name="Eval report").click()
+    expect(page.get_by_role("heading", name=f"Evaluation of {good_id}")).to_be_visible()
+    expect(page.locator("img[alt='per-unit comparison']")).to_be_visible()
+    page.screenshot(path=shots / "eval-report.png", full_page=True)
+
+    # a failed run's note says where, why and what next, in the run's own page of the grid
+    page.goto(f"{live.url}/dags/{DAG}/runs/{quote(bad_id, safe='')}")
+    expect(page.get_by_text("Failed at resolve_config").first).to_be_visible()
+    expect(page.get_by_text("trian: not a conf key").first).to_be_visible()
+    expect(page.get_by_text("Upstream Failed").first).to_be_visible()  # the task table has loaded
+    page.screenshot(path=shots / "failure-note.png")
