@@ -82,6 +82,30 @@ def test_reader_doc_ids_restart_after_eos(corpus: Path):
         assert np.array_equal(np.flatnonzero(np.diff(doc_ids)) + 1, after_eos)
 
 
+def test_concurrent_runs_build_one_entry_once(corpus: Path):
+    """Two runs needing the same packed dataset at the same moment: one trains the tokenizer and packs,
+    the other waits for it and finds the entry (a cache hit), as ten concurrent Celery runs must."""
+    import threading
+
+    from pipelines import tokenize
+
+    start = threading.Barrier(2)
+    results: list = []
+
+    def one() -> None:
+        cfg = _cfg(corpus)
+        start.wait()
+        results.append(tokenize.run(cfg))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(p.cache_hit for p in results) == [False, True], results
+    assert results[0].path == results[1].path and (results[0].path / "manifest.json").is_file()
+
+
 def test_cache_hit_and_key_changes(corpus: Path):
     from pipelines import tokenize
 

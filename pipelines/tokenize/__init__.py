@@ -68,11 +68,14 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
         return Path(cfg.tokenizer.path)
     material = [FORMAT_VERSION, cfg.tokenizer.model_dump(mode="json"), cfg.data.format,
                 sorted((f.path, f.sha256) for f in train)]
-    folder = Cache(cache_dir()).tokenizer(hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32])
+    cache = Cache(cache_dir())
+    folder = cache.tokenizer(hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32])
     if not (folder / "tokenizer.json").is_file():
-        texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
-        with fsio.staged_dir(folder) as stage:
-            bpe.train(texts, cfg.tokenizer).save(str(stage / "tokenizer.json"))
+        with cache.building(folder):
+            if not (folder / "tokenizer.json").is_file():  # else trained by another run meanwhile
+                texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
+                with fsio.staged_dir(folder) as stage:
+                    bpe.train(texts, cfg.tokenizer).save(str(stage / "tokenizer.json"))
     return folder / "tokenizer.json"
 
 
@@ -95,11 +98,15 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
         FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
         {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()},
         *([replay.material()] if replay else [])]).encode()).hexdigest()[:32]
-    final = Cache(cache_dir()).packed(key)
+    cache = Cache(cache_dir())
+    final = cache.packed(key)
     hit = (final / "manifest.json").is_file()
     if not hit:
-        with fsio.staged_dir(final) as stage:
-            _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started, replay)
+        with cache.building(final):
+            hit = (final / "manifest.json").is_file()  # built by another run while this one waited
+            if not hit:
+                with fsio.staged_dir(final) as stage:
+                    _build(cfg, key, stage, tok, tok_path, tok_sha, dtype, groups, started, replay)
     packed = Packed(final, key, hit)
     if run_dir is not None:
         fsio.write_json(link or RunFolder(run_dir).packed_link,
