@@ -1,8 +1,9 @@
 """DAG parse time: how long the DAG processor spends importing the dags/ folder.
 
-Runs N fresh interpreters that each build a DagBag over dags/ (what the DAG processor does per
-file) and reports the median parse time measured inside Airflow (DagBag's own timer) and the
-median wall time of the whole interpreter, next to an empty DAG file as the floor.
+For each file of dags/, runs N fresh interpreters that each build a DagBag of that one file (what
+the DAG processor does per file) and reports the median parse time measured inside Airflow
+(DagBag's own timer) and the median wall time of the whole interpreter, next to an empty DAG file
+as the floor.
 
     .venv/bin/python bench/dag_parse_bench.py [--runs 7]
 """
@@ -40,10 +41,10 @@ with DAG("empty", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UT
 """
 
 
-def measure(folder: Path, runs: int) -> dict:
+def measure(dag_file: Path, runs: int) -> dict:
     parse, wall = [], []
     for _ in range(runs):
-        code = _PROBE.format(plugins=str(REPO / "plugins"), folder=str(folder))
+        code = _PROBE.format(plugins=str(REPO / "plugins"), folder=str(dag_file))
         t = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
         wall.append(time.perf_counter() - t)
@@ -59,10 +60,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "empty_dag.py").write_text(_EMPTY_DAG)
-        floor = measure(Path(tmp), args.runs)
-    ours = measure(REPO / "dags", args.runs)
-    print(json.dumps({"runs": args.runs, "taxiway_train": ours, "empty_dag": floor,
-                      "parse_ratio_vs_empty": round(ours["parse_median_s"] / floor["parse_median_s"], 2)}, indent=2))
+        floor = measure(Path(tmp) / "empty_dag.py", args.runs)
+    ours = {path.stem: measure(path, args.runs) for path in sorted((REPO / "dags").glob("*.py"))}
+    ratios = {name: round(m["parse_median_s"] / floor["parse_median_s"], 2) for name, m in ours.items()}
+    print(json.dumps({"runs": args.runs, **ours, "empty_dag": floor, "parse_ratio_vs_empty": ratios}, indent=2))
 
 
 if __name__ == "__main__":
