@@ -95,6 +95,20 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     return proc
 
 
+def tampered_run(dag, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``dag.test()`` of the tiny config on a copy of the corpus whose first val file no longer
+    matches the manifest: a run that fails at preflight (for the failure summary and the runs view).
+    Returns the run and the tampered file's name."""
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")
+    data = tmp_path / "data"
+    shutil.copytree(home / "demo-data", data)
+    victim = sorted((data / "val").iterdir())[0]
+    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
+    run = dag.test(run_conf={"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
+                                                           "manifest": str(data / "manifest.jsonl")}})
+    return run, victim.name
+
+
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
 # the live modules, longest first (make test --durations, 2026-12-01: about 480, 310, 230 and 120 s)
 LIVE_ORDER = ("test_live_conf.py", "test_live_cancel.py", "test_live_celery.py", "test_live_refresh.py")

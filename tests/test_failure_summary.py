@@ -5,13 +5,11 @@ and the advice for each kind of failure."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, tampered_run
 
 
 @pytest.fixture(scope="module")
@@ -34,26 +32,20 @@ def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, h
                                                                           monkeypatch):
     from pipelines.run_folder import RunFolder, run_dir
 
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")
-    data = tmp_path / "data"
-    shutil.copytree(home / "demo-data", data)
-    victim = sorted((data / "val").iterdir())[0]
-    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
-    dr = dag.test(run_conf={"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                                          "manifest": str(data / "manifest.jsonl")}})
+    dr, victim = tampered_run(dag, home, tmp_path, monkeypatch)
     assert str(dr.state) == "failed"
 
     summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
     assert summary["run_id"] == dr.run_id and summary["stage"] == "preflight", summary
     assert summary["task_id"] in ("preflight.manifest", "preflight.gate") and summary["kind"] == "check failed"
-    assert f"val/{victim.name}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
+    assert f"val/{victim}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
     assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
     assert summary["run_folder"] == str(run_dir(dr.run_id))
 
     note = _note("taxiway_train", dr.run_id)
-    assert note and note.startswith("**Failed at preflight**") and f"val/{victim.name}" in note, note
+    assert note and note.startswith("**Failed at preflight**") and f"val/{victim}" in note, note
     failure_lines = [r.getMessage() for r in caplog.records if "TAXIWAY FAILURE at preflight" in r.getMessage()]
-    assert failure_lines and f"val/{victim.name}" in failure_lines[-1] and "next: " in failure_lines[-1]
+    assert failure_lines and f"val/{victim}" in failure_lines[-1] and "next: " in failure_lines[-1]
 
 
 def test_one_line_keeps_a_reports_failing_checks():

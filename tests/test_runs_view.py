@@ -6,13 +6,11 @@ evaluate and register tasks as Airflow serializes them. (``test_live_ui.py`` che
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, tampered_run
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +51,8 @@ def test_the_runs_view_shows_a_real_run_behind_airflows_auth(dag, api, home: Pat
     from pipelines.run_folder import run_dir
 
     client, token = api
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")
     monkeypatch.setenv("TAXIWAY_MLFLOW_UI_URL", "https://mlflow.example.org/")
-    data = tmp_path / "data"
-    shutil.copytree(home / "demo-data", data)
-    victim = sorted((data / "val").iterdir())[0]
-    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
-    dr = dag.test(run_conf={"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                                          "manifest": str(data / "manifest.jsonl")}})
+    dr, victim = tampered_run(dag, home, tmp_path, monkeypatch)
     folder = run_dir(dr.run_id)
     _training_files(folder)
 
@@ -82,7 +74,7 @@ def test_the_runs_view_shows_a_real_run_behind_airflows_auth(dag, api, home: Pat
     assert "step-00000050" in mine and ">1<" in mine and "taxiway-tiny-gpt v7" in mine, mine
 
     page = client.get(f"/taxiway/runs/taxiway_train/{dr.run_id}").text
-    assert "Failed at preflight" in page and victim.name in page and "trigger a new run" in page
+    assert "Failed at preflight" in page and victim in page and "trigger a new run" in page
     assert "resumed" in page and "manifest" in page and "<polyline" in page  # history, preflight, curve
 
     go = client.get(f"/taxiway/go/model-version/taxiway_train/{dr.run_id}", follow_redirects=False)
