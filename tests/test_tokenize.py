@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -354,3 +355,25 @@ def test_groups_encoded_ahead_equal_groups_encoded_one_at_a_time(tmp_path: Path,
         assert stream.tokens.tolist() == expected
         assert stream.starts.tolist() == np.cumsum([0] + [len(tok.encode(t, add_special_tokens=False).ids) + 1
                                                           for t in texts[:-1]]).tolist()
+
+
+def test_tokenizer_learns_from_a_bounded_sample_chosen_by_content(corpus: Path):
+    """``tokenizer.train_max_bytes``: whole train files in sha256 order up to the cap; a new file that
+    sorts after the sample leaves the tokenizer (and its cache entry) as it was."""
+    from pipelines import tokenize
+
+    cfg = _cfg(corpus, "tokenizer.train_max_bytes=200")
+    refs = tokenize._split_refs(cfg, "train", manifest.read(cfg.data.manifest))
+    sample = tokenize.training_sample(refs, 200)
+    sizes = [os.path.getsize(r.loc.path) for r in sample]
+    assert [r.sha256 for r in sample] == sorted(r.sha256 for r in refs)[:len(sample)]
+    assert 1 < len(sample) < len(refs) and sum(sizes[:-1]) < 200 <= sum(sizes)
+    first = tokenize.tokenizer_for(cfg, refs)
+
+    last = max(r.sha256 for r in sample)
+    text = next(t for i in range(10_000) if hashlib.sha256((t := f"x = {i}\n").encode()).hexdigest() > last)
+    (corpus / "train" / "new.txt").write_text(text)
+    manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
+    grown = tokenize._split_refs(cfg, "train", manifest.read(cfg.data.manifest))
+    assert tokenize.tokenizer_for(cfg, grown) == first       # same key: no retraining
+    assert tokenize.training_sample(refs, None) == refs

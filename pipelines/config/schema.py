@@ -56,6 +56,10 @@ class TokenizerConfig(Section):
     min_frequency: PositiveInt = Field(2, description="Fewest occurrences for a pair to be merged")
     eos_token: str = Field("<|endoftext|>", description="The token that joins documents")
     path: str | None = Field(None, description="Load this tokenizer.json instead of training one")
+    train_max_bytes: PositiveInt | None = Field(
+        67_108_864, description="Train the BPE on at most this many bytes of the train split: whole files, taken in "
+        "order of their sha256 (a sample that does not depend on names or on which files were added last), so the "
+        "tokenizer's time and memory stay bounded however large the corpus grows; null = every train file")
 
 
 class PackConfig(Section):

@@ -62,10 +62,27 @@ def _split_refs(cfg: RunConfig, split: str, entries: list[manifest.Entry]) -> li
     return refs
 
 
+def training_sample(train: list[FileRef], max_bytes: int | None) -> list[FileRef]:
+    """The train files the BPE learns from: all of them, or whole files in sha256 order until
+    ``max_bytes`` is reached (the last one may pass it). By content, not name, so the sample is the
+    same wherever the files live, and new files change it only when they sort into it."""
+    if max_bytes is None:
+        return train
+    sample, total = [], 0
+    for ref in sorted(train, key=lambda f: (f.sha256, f.path)):
+        if total >= max_bytes:
+            break
+        sample.append(ref)
+        total += storage.size(ref.loc)
+    return sample
+
+
 def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
-    """``tokenizer.path`` if set, else a BPE trained on the train split (cached by content)."""
+    """``tokenizer.path`` if set, else a BPE trained on the train split's ``training_sample``
+    (cached by its content)."""
     if cfg.tokenizer.path:
         return Path(cfg.tokenizer.path)
+    train = training_sample(train, cfg.tokenizer.train_max_bytes)
     material = [FORMAT_VERSION, cfg.tokenizer.model_dump(mode="json"), cfg.data.format,
                 sorted((f.path, f.sha256) for f in train)]
     cache = Cache(cache_dir())
