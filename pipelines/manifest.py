@@ -25,7 +25,7 @@ class ManifestError(BadInput):
     """A manifest that cannot be read; the message names the file and line."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     path: str
     split: str

@@ -21,7 +21,7 @@ class StorageError(BadInput):
     """A data location that cannot be read; the message names the path and the reason."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Location:
     fs: object      # fsspec AbstractFileSystem
     path: str       # path inside fs (no protocol)

@@ -33,7 +33,7 @@ _BATCH_CHARS = 1 << 20  # ... and about this much text: Python id lists cost ~36
 _AHEAD = 3              # batches encoding at once (the engine queues their documents on its own threads)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileRef:
     path: str                  # as in the manifest
     sha256: str
