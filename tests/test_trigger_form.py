@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -89,9 +88,9 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
 
 def _resolved(conf: dict[str, Any]):
     """The run config the first task makes of ``conf`` (its real code path: checks, roots, merge, validation)."""
-    from taxiway_airflow.tasks import _conf_config
+    from taxiway_airflow.tasks import conf_config
 
-    return _conf_config({"dag_run": SimpleNamespace(conf=conf)})
+    return conf_config(conf)
 
 
 def _accepted(dag, conf: dict[str, Any]) -> None:
