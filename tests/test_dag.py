@@ -31,6 +31,7 @@ def test_sweep_dag_maps_members_between_shared_stages_and_ranking():
     """taxiway_sweep: one preflight and one tokenize, then a mapped member group, a ranking that waits
     for every member (and runs when one succeeded), and one registration."""
     from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.definitions.taskgroup import MappedTaskGroup
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_sweep"]
     assert dag.schedule is None and "sweep" in dag.params and "train_lr" in dag.params
@@ -40,7 +41,7 @@ def test_sweep_dag_maps_members_between_shared_stages_and_ranking():
     assert order == ["resolve_config", "preflight", "tokenize", "sweep", "sweep.member", "register"]
     member = {t.task_id for t in dag.tasks if t.task_id.startswith("sweep.member.")}
     assert member == {f"sweep.member.{t}" for t in ("smoke", "gang", "final_checkpoint", "score")}
-    assert dag.task_group_dict["sweep.member"].is_mapped
+    assert isinstance(dag.task_group_dict["sweep.member"], MappedTaskGroup)
     rank = dag.get_task("sweep.rank")
     assert rank.upstream_task_ids == {"sweep.member.score"} and rank.trigger_rule == "all_done_min_one_success"
     assert dag.get_task("register.model_version").upstream_task_ids >= {"sweep.rank"}
