@@ -25,10 +25,12 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
 
     from pipelines.registry import RUN_KEY_TAG, client
     from pipelines.run_folder import RunFolder, run_dir
+    from taxiway_airflow.runs_view import folder as run_files
+    from taxiway_airflow.runs_view import render
 
-    sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}]
+    sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}]  # one-node gangs: the test stays short
     dr = dag.test(run_conf={"config": str(TINY), "sweep": sweep, "train": {"steps": 10},
-                            "checkpoint": {"every_steps": 10}})
+                            "checkpoint": {"every_steps": 10}, "compute": {"nodes": 1}})
     tis = dr.get_task_instances()
     assert str(dr.state) == "success", {(t.task_id, t.map_index): str(t.state) for t in tis}
     assert sorted(t.map_index for t in tis if t.task_id == "sweep.member.gang") == [0, 1]
@@ -73,3 +75,8 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
     else:
         with pytest.raises(MlflowException, match="alias"):
             c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
+
+    files = run_files.read(folder.root)  # the runs view's row: the best member's gate, a link to the ranking
+    assert files.ranking["best"] == ranking["best"] and files.decision == ("passed" if passed else "failed")
+    links = render.run_links(render.RunRow("taxiway_sweep", dr.run_id, "success", None, None, files), "")
+    assert "/go/sweep-ranking/taxiway_sweep/" in links and f"v{reg['version']}" in links
