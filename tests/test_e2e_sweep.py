@@ -20,7 +20,9 @@ def dag(airflow_db, demo_data):
     return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_sweep"]
 
 
-def test_two_members_train_rank_and_only_the_best_is_registered(dag):
+def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
+    """Three points: two train and are evaluated, the third (a learning rate that overflows the
+    optimizer) fails at its smoke test; the sweep goes on and lists it as failed."""
     from mlflow.exceptions import MlflowException
 
     from pipelines.registry import RUN_KEY_TAG, client
@@ -28,12 +30,14 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
     from taxiway_airflow.runs_view import folder as run_files
     from taxiway_airflow.runs_view import render
 
-    sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}]  # one-node gangs: the test stays short
+    sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}, {"train.lr": 1e38}]  # one-node gangs
     dr = dag.test(run_conf={"config": str(TINY), "sweep": sweep, "train": {"steps": 10},
                             "checkpoint": {"every_steps": 10}, "compute": {"nodes": 1}})
     tis = dr.get_task_instances()
-    assert str(dr.state) == "success", {(t.task_id, t.map_index): str(t.state) for t in tis}
-    assert sorted(t.map_index for t in tis if t.task_id == "sweep.member.gang") == [0, 1]
+    states = {(t.task_id, t.map_index): str(t.state) for t in tis}
+    assert str(dr.state) == "success", states
+    assert [states[("sweep.member.score", i)] for i in range(3)] == ["success", "success", "upstream_failed"]
+    assert states[("sweep.member.smoke", 2)] == "failed" and states[("sweep.rank", -1)] == "success"
     assert {t.task_id for t in tis if t.task_id.startswith(("preflight.", "tokenize."))} == {
         "preflight.manifest", "preflight.documents", "preflight.duplicates", "preflight.overlap", "preflight.gate",
         "tokenize.pack"}  # once, not per member
@@ -41,15 +45,17 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
 
     folder = RunFolder(run_dir(dr.run_id))
     ranking = json.loads(folder.sweep_ranking.read_text())
-    rows = ranking["members"]
+    rows, failed = ranking["members"][:2], ranking["members"][2]
     bpb = {r["member"]: json.loads(RunFolder(folder.sweep_member(int(r["member"]))).eval_report.read_text())
            ["candidate"]["bits_per_byte"] for r in rows}
     assert [r["state"] for r in rows] == ["evaluated", "evaluated"] and [r["rank"] for r in rows] == [1, 2]
+    assert (failed["member"], failed["state"]) == ("02", "failed") and "no evaluation report" in failed["reason"]
     assert [r["member"] for r in rows] == sorted(bpb, key=bpb.get) and ranking["best"] == rows[0]["member"]
-    assert [r["point"] for r in sorted(rows, key=lambda r: r["member"])] == sweep
+    assert [r["point"] for r in sorted(ranking["members"], key=lambda r: r["member"])] == sweep
     assert {json.loads((folder.sweep_member(i) / "tokenize" / "packed.json").read_text())["path"]
             for i in (0, 1)} == {json.loads(folder.packed_link.read_text())["path"]}  # one packed dataset
-    assert "| 1 | " + ranking["best"] in folder.sweep_ranking_summary.read_text()
+    table = folder.sweep_ranking_summary.read_text()
+    assert "| 1 | " + ranking["best"] in table and "| – | 02 |" in table
 
     c = client()
     exp = c.get_experiment_by_name("taxiway-tiny")
@@ -57,7 +63,7 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
     assert parent.data.tags["taxiway.sweep"] == "parent" and parent.info.status == "FINISHED"
     children = c.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     by_member = {r.data.tags["taxiway.sweep"]: r for r in children}
-    assert sorted(by_member) == ["00", "01"] and all(r.info.status == "FINISHED" for r in children)
+    assert {m: r.info.status for m, r in by_member.items()} == {"00": "FINISHED", "01": "FINISHED", "02": "FAILED"}
     for member, point in (("00", sweep[0]), ("01", sweep[1])):
         run = by_member[member]
         assert all(run.data.params[k] == str(v) for k, v in point.items()), run.data.params
@@ -80,3 +86,4 @@ def test_two_members_train_rank_and_only_the_best_is_registered(dag):
     assert files.ranking["best"] == ranking["best"] and files.decision == ("passed" if passed else "failed")
     links = render.run_links(render.RunRow("taxiway_sweep", dr.run_id, "success", None, None, files), "")
     assert "/go/sweep-ranking/taxiway_sweep/" in links and f"v{reg['version']}" in links
+

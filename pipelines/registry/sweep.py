@@ -68,11 +68,11 @@ def log_sweep(cfg: RunConfig, run_dir: Path, run_key: str, ranking: dict[str, An
                                json.dumps(row["point"]), "taxiway.sweep.rank": str(row.get("rank", "failed"))}.items():
                 c.set_tag(child, key, value)
         best = next(r for r in ranking["members"] if r["member"] == ranking["best"])
+        keys = sorted({k for r in ranking["members"] for k in r["point"]})
         c.log_batch(parent_id, params=[Param("sweep.members", str(len(ranking["members"]))),
-                                       Param("sweep.keys", ",".join(sorted({k for r in ranking["members"]
-                                                                           for k in r["point"]})))],
+                                       Param("sweep.keys", ",".join(keys))],
                     metrics=[Metric("best.eval.candidate.bits_per_byte", float(best["bits_per_byte"]),
-                                            int(time.time() * 1000), 0)])
+                                    int(time.time() * 1000), 0)])
         c.set_tag(parent_id, "taxiway.sweep.best", ranking["best"])
         for path in (folder.sweep_ranking, folder.sweep_ranking_summary, folder.config):
             c.log_artifact(parent_id, str(path), artifact_path="sweep")
