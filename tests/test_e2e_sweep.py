@@ -87,3 +87,9 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
     links = render.run_links(render.RunRow("taxiway_sweep", dr.run_id, "success", None, None, files), "")
     assert "/go/sweep-ranking/taxiway_sweep/" in links and f"v{reg['version']}" in links
 
+    from pipelines.sweep import registration  # a retried register task: the same runs and version, none added
+
+    again = registration.register(folder.root, dr.run_id, {"dag_id": "taxiway_sweep", "run_id": dr.run_id})
+    assert (again["version"], again["parent_run_id"]) == (reg["version"], reg["parent_run_id"])
+    assert len(c.search_model_versions("name = 'taxiway-tiny-gpt'")) == 1
+    assert len(c.search_runs([exp.experiment_id])) == 4  # the parent and its three members
