@@ -22,6 +22,10 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       refresh/data/, assembled.json  its dataset (new train files, the fixed val, fresh/ held out)
       refresh/ledger.json            the batches of the version it registered
       tokenize/fresh.json            link to the packed held-out new data (the refresh gate's 2nd set)
+      sweep/points.json              a sweep's validated points (taxiway_sweep)
+      sweep/members.json             the member run folders and their run keys
+      sweep/NN/                      one member: a run folder of its own (config = base + point)
+      sweep/ranking.json, ranking.md the members ranked by val bits/byte, failed ones listed
 
     <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/,
             signatures/<params>/<manifest sha256>.npz
@@ -240,6 +244,30 @@ class RunFolder:
     @property
     def fresh_packed_link(self) -> Path:
         return self.root / "tokenize" / "fresh.json"
+
+    # sweep -------------------------------------------------------------------------------------
+    @property
+    def sweep(self) -> Path:
+        return self.root / "sweep"
+
+    @property
+    def sweep_points(self) -> Path:
+        return self.sweep / "points.json"
+
+    @property
+    def sweep_members(self) -> Path:
+        return self.sweep / "members.json"
+
+    def sweep_member(self, index: int) -> Path:
+        return self.sweep / f"{index:02d}"
+
+    @property
+    def sweep_ranking(self) -> Path:
+        return self.sweep / "ranking.json"
+
+    @property
+    def sweep_ranking_summary(self) -> Path:
+        return self.sweep / "ranking.md"
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,30 @@ def test_dag_folder_has_no_import_errors():
     assert {f"preflight.{c}" for c in ("manifest", "documents", "duplicates", "overlap", "gate")} <= set(dag.task_ids)
 
 
-def test_dag_module_imports_nothing_heavy():
+def test_sweep_dag_maps_members_between_shared_stages_and_ranking():
+    """taxiway_sweep: one preflight and one tokenize, then a mapped member group, a ranking that waits
+    for every member (and runs when one succeeded), and one registration."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.definitions.taskgroup import MappedTaskGroup
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_sweep"]
+    assert dag.schedule is None and "sweep" in dag.params and "train_lr" in dag.params
+    groups = [t.task_id.rsplit(".", 1)[0] if t.task_id.count(".") > 1 else t.task_id.split(".")[0]
+              for t in dag.topological_sort()]
+    order = [g for i, g in enumerate(groups) if g not in groups[:i]]
+    assert order == ["resolve_config", "preflight", "tokenize", "sweep", "sweep.member", "register"]
+    member = {t.task_id for t in dag.tasks if t.task_id.startswith("sweep.member.")}
+    assert member == {f"sweep.member.{t}" for t in ("smoke", "gang", "final_checkpoint", "score")}
+    assert isinstance(dag.task_group_dict["sweep.member"], MappedTaskGroup)
+    rank = dag.get_task("sweep.rank")
+    assert rank.upstream_task_ids == {"sweep.member.score"} and rank.trigger_rule == "all_done_min_one_success"
+    assert dag.get_task("register.model_version").upstream_task_ids >= {"sweep.rank"}
+
+
+@pytest.mark.parametrize("name", ["taxiway_train", "taxiway_sweep"])
+def test_dag_module_imports_nothing_heavy(name: str):
     """In a fresh interpreter, importing the DAG file must not pull torch, mlflow or GE."""
-    plugins, dag_file = str(REPO / "plugins"), str(REPO / "dags" / "taxiway_train.py")
+    plugins, dag_file = str(REPO / "plugins"), str(REPO / "dags" / f"{name}.py")
     code = (f"import sys, runpy, json; sys.path.insert(0, {plugins!r}); runpy.run_path({dag_file!r}); "
             f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)

@@ -163,7 +163,7 @@ class _Store:
 class _RunningTI:
     """Stand-in for the task instance's ``get_task_states`` (a call to the API server): this try runs."""
 
-    dag_id, task_id, run_id = "taxiway_train", "train.gang", "manual__reattach"
+    dag_id, task_id, run_id, map_index = "taxiway_train", "train.gang", "manual__reattach", -1
     stats_tags: dict = {}  # read by ResumableJobMixin (team name in multi-team deployments)
 
     def get_task_states(self, dag_id, task_ids, run_ids, **_):

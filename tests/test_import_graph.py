@@ -126,7 +126,7 @@ def test_pipelines_modules_import_each_other_without_a_circle():
     assert cycle is None, _circle_message(inner, cycle)
 
 
-REGISTRY_ORDER = ("client", "locks", "metrics", "lineage", "runs", "champion")  # pipelines/registry/__init__.py
+REGISTRY_ORDER = ("client", "locks", "metrics", "lineage", "runs", "champion", "sweep")  # pipelines/registry/__init__.py
 
 
 def test_registry_modules_import_only_those_below_them():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -89,9 +88,9 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
 
 def _resolved(conf: dict[str, Any]):
     """The run config the first task makes of ``conf`` (its real code path: checks, roots, merge, validation)."""
-    from taxiway_airflow.tasks import _conf_config
+    from taxiway_airflow.tasks import conf_config
 
-    return _conf_config({"dag_run": SimpleNamespace(conf=conf)})
+    return conf_config(conf)
 
 
 def _accepted(dag, conf: dict[str, Any]) -> None:
@@ -149,7 +148,7 @@ def test_bad_form_values_are_refused_at_trigger_time_naming_the_field(served):
 
 
 def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served):
-    for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_land"):
+    for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep"):
         doc = served[dag_id].doc_md
         assert doc and "``" not in doc, dag_id
     train = served["taxiway_train"].doc_md
@@ -161,3 +160,9 @@ def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served)
         for group, where in wanted.items():
             assert where in (groups[group].doc_md or ""), (dag_id, group)
             assert groups[group].tooltip, (dag_id, group)
+    sweep = served["taxiway_sweep"].task_group.children
+    for group, where in {"preflight": "preflight/report.json", "tokenize": "cache/packed/", "sweep": "ranking.json",
+                         "register": "registry.json"}.items():
+        assert where in (sweep[group].doc_md or "") and sweep[group].tooltip, group
+    member = sweep["sweep"].children["sweep.member"]
+    assert "eval/report.json" in (member.doc_md or "") and member.tooltip

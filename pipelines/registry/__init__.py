@@ -10,11 +10,14 @@ The modules, each importing only modules listed above it (no circle, no callback
 - ``metrics``: ``metrics.jsonl`` as MLflow metrics, and the offset already shipped.
 - ``lineage``: what a model was made from: lineage tags, dataset inputs, artifacts to log.
 - ``runs``: the pipeline run's MLflow run (``open_run``; ``ship`` sends live metrics into it) and
-  ``register``: the run completed and its model version created, idempotent per run key.
+  ``register``: the run completed and its model version created, idempotent per run key (``log``:
+  the run completed without a version, for a sweep's members).
 - ``champion``: the model to beat (``resolve_baseline``), and moving ``champion``/``challenger``:
   ``promote`` is one try under the lock and answers ``ChampionMoved`` when the champion moved
   since evaluation. Evaluating again and retrying is the register stage's loop
   (``pipelines.stages.register``), not the registry's.
+- ``sweep``: a sweep's parent run and one child run per member (``log_sweep``); the sweep's
+  registration stage (``pipelines.sweep.registration``) imports it by name.
 """
 
 from pipelines.registry import lineage

@@ -221,6 +221,15 @@ def _model_version(c, name: str, run_id: str, run_key: str, tags: dict[str, str]
     return mv
 
 
+def log(cfg: RunConfig, run_dir: Path, run_key: str, report: dict[str, Any],
+        airflow: dict[str, str] | None = None) -> str:
+    """Log the run to MLflow in full, as ``register`` does, without a model version (a sweep's members
+    that are not registered); returns the MLflow run id. Idempotent per ``run_key``."""
+    tags = {**lineage.tags(cfg, Path(run_dir), report, code_version(), airflow or {}), RUN_KEY_TAG: run_key}
+    return with_retries(cfg.registry, "log the run", lambda: _log_run(client(), cfg, Path(run_dir), run_key, tags,
+                                                                      report))
+
+
 def register(cfg: RunConfig, run_dir: Path, run_key: str, report: dict[str, Any],
              airflow: dict[str, str] | None = None) -> Registered:
     """Log the run to MLflow (lineage tags from ``report``, the evaluation it passes) and register its

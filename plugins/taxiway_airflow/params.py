@@ -220,3 +220,17 @@ def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ConfigError(errors, "conf")
     return out
+
+
+def sweep_param() -> Any:
+    """taxiway_sweep's ``sweep`` field: a grid or a list of points (``pipelines.sweep.points`` checks it
+    against the config in the first task). The default sweeps the learning rate around the form's."""
+    from airflow.sdk import Param
+
+    lr = form_defaults(default_config_path())["train"]["lr"]
+    return Param({"train.lr": [lr, float(f"{lr / 3:.3g}")]}, type=["object", "array"], title="Sweep",
+                 description="A grid over dotted config leaves, every combination trained: "
+                             "{\"train.lr\": [0.001, 0.0003], \"model.n_layer\": [2, 4]}; or a list of points: "
+                             "[{\"train.lr\": 0.001}, {\"train.lr\": 0.0003, \"train.steps\": 200}]. 2 to 16 "
+                             "members; keys under data, preflight, tokenizer, pack, eval, parent, name and "
+                             "registry are refused (every member shares those stages)")

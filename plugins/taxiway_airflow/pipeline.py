@@ -1,4 +1,4 @@
-"""The stages both DAGs chain after their config task: preflight → tokenize → train → evaluate →
+"""The stages the DAGs chain after their config task: preflight → tokenize → train → evaluate →
 register, as task groups. Wiring only: task bodies live in ``tasks``, operators in ``operators``."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def launcher() -> str:
     return value
 
 
-def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
-    """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
+def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
+    """preflight → tokenize for the run folder XCom ``run``: what a sweep's members share. Returns
+    the first and the last group."""
     with TaskGroup("preflight", **STAGES["preflight"]._asdict()) as preflight:
         checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in CHECK_NAMES]
         checks >> tasks.preflight_gate.override(task_id="gate")(run)
@@ -35,6 +36,13 @@ def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
         tasks.tokenize.override(task_id="pack")(run)
 
+    preflight >> tokenize
+    return preflight, tokenize
+
+
+def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
+    """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
+    preflight, tokenize = data_stages(run)
     with TaskGroup("train", **STAGES["train"]._asdict()) as train:
         if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
             from taxiway_airflow.operators.kubernetes import training_gang
@@ -56,5 +64,5 @@ def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     with TaskGroup("register", **STAGES["register"]._asdict()) as register:
         with_links(tasks.register.override(task_id="model_version")(run), REGISTER_LINKS)
 
-    preflight >> tokenize >> train >> evaluate >> register
+    tokenize >> train >> evaluate >> register
     return preflight, register

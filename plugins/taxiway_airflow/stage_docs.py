@@ -60,4 +60,32 @@ gate passed, else the version becomes `challenger`.
 Outputs: `<run>/registry.json` (model version, alias, MLflow run id), the MLflow run's artifacts
 (config, reports, plots, model).""",
     ),
+    "sweep": StageDoc(
+        "The sweep's members: one run folder per point; then their ranking by val bits/byte",
+        """**Sweep**: `members` writes one run folder per point of the `sweep` param (config = the run's
+config + the point), each reusing this run's preflight report and packed data; `rank` reads every
+member's evaluation (one val set) and ranks them by the candidate's bits per byte, failed members
+listed as failed; the sweep goes on when at least one member was evaluated.
+
+Outputs: `<run>/sweep/points.json`, `members.json`, `<run>/sweep/NN/` (a run folder per member),
+`<run>/sweep/ranking.json` and `ranking.md`.""",
+    ),
+    "member": StageDoc(
+        "One sweep member per mapped index: smoke, training gang, final checkpoint, evaluation",
+        """**Member** (mapped: one per point, in parallel): the train stage's `smoke`, `gang` and
+`final_checkpoint`, then `score` evaluates it against the baseline on the shared val set, in the
+member's own run folder; its curve ships to its own MLflow run (a child of the sweep's).
+
+Outputs: `<run>/sweep/NN/` (checkpoints, status.json, metrics.jsonl, model/, eval/report.json).""",
+    ),
+    "register_best": StageDoc(
+        "Members as child MLflow runs of the sweep's run; only the best becomes a model version",
+        """**Register**: logs the sweep's MLflow run (parent) and one child run per member (its point,
+curve and evaluation; failed members ended FAILED), then registers only the best member as a
+version of `registry.model_name`, with the single run's lineage tags and champion logic: the
+`champion` alias moves only when its gate passed, else it becomes `challenger`.
+
+Outputs: `<run>/registry.json` (model version, alias, the best member, the parent MLflow run), the
+best member's `<run>/sweep/NN/registry.json`.""",
+    ),
 }

@@ -28,15 +28,14 @@ def _field(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def _conf_config(ctx: Any):
-    """The run's config: the config file the conf names (or the deployment's), the conf's sections
-    and form fields (``params.overrides_from_conf``: what differs from the form's defaults) and
-    ``set`` overlaid; every data path checked against the data roots."""
+def conf_config(conf: dict[str, Any]):
+    """The run's config from its trigger's ``conf``: the config file the conf names (or the
+    deployment's), the conf's sections and form fields (``params.overrides_from_conf``: what differs
+    from the form's defaults) and ``set`` overlaid; every data path checked against the data roots."""
     from pipelines.config import load_config
     from pipelines.roots import DATA_FIELDS, Roots
     from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
 
-    conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
     roots = Roots.from_env()
     check_conf(conf)
     path = roots.config_file(conf.get("config") or default_config_path())
@@ -45,7 +44,7 @@ def _conf_config(ctx: Any):
     return cfg
 
 
-def _prepared(cfg: Any, run_dir: Path) -> dict[str, Any]:
+def prepared(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from pipelines import stages
 
     stages.prepare(cfg, run_dir)
@@ -63,7 +62,8 @@ def resolve_config() -> dict[str, Any]:
     from pipelines import run_folder
 
     ctx = get_current_context()
-    return _prepared(_conf_config(ctx), run_folder.run_dir(ctx["run_id"]))
+    conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
+    return prepared(conf_config(conf), run_folder.run_dir(ctx["run_id"]))
 
 
 @task.short_circuit(retries=2, **RETRY)
@@ -77,9 +77,9 @@ def refresh_plan() -> dict[str, Any] | None:
 
     ctx = get_current_context()
     run_dir = run_folder.run_dir(ctx["run_id"])
-    decision = plan.decide(_conf_config(ctx), run_dir, ctx["run_id"])
+    decision = plan.decide(conf_config(ctx["dag_run"].conf or {}), run_dir, ctx["run_id"])
     log.info("%s", decision.reason)
-    return None if decision.config is None else _prepared(decision.config, run_dir)
+    return None if decision.config is None else prepared(decision.config, run_dir)
 
 
 @task(retries=2, **RETRY)

@@ -105,7 +105,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         training.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
         watch = training.watch(handle, cfg)
         self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
-                                       context["run_id"]),
+                                       self._run_key(context)),
                    method_name="execute_complete")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
@@ -154,15 +154,21 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         from pipelines import training
 
         ti = context["ti"]
+        mapped = ti.map_index is not None and ti.map_index >= 0  # a sweep member: the answer keys it task_mapindex
         try:
-            states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+            states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id],
+                                        map_index=ti.map_index if mapped else None)
         except Exception as exc:  # no answer is no reason to cancel a gang
             log.warning("could not read this task's state: %s", exc)
             return
-        state = states.get(ti.run_id, {}).get(ti.task_id)
+        state = states.get(ti.run_id, {}).get(f"{ti.task_id}_{ti.map_index}" if mapped else ti.task_id)
         if state != "running":
             training.cancel(handle)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
+
+    def _run_key(self, context: Any) -> str:
+        """The MLflow run the metrics go to: the Airflow run's, or a sweep member's own (its XCom names it)."""
+        return self.run.get("run_key") or context["run_id"]
 
     def _config(self):
         from pipelines import stages
@@ -174,7 +180,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         from pipelines import training
 
         try:
-            if line := training.report(training.load(gang_json), context["run_id"]):
+            if line := training.report(training.load(gang_json), self._run_key(context)):
                 log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)

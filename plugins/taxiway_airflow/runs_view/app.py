@@ -27,7 +27,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from taxiway_airflow.runs_view import folder as run_files
 from taxiway_airflow.runs_view import mlflow_ui, render
 
-DAG_IDS = ("taxiway_train", "taxiway_refresh")
+DAG_IDS = ("taxiway_train", "taxiway_refresh", "taxiway_sweep")
 MAX_RUNS = 100            # newest runs listed
 REQUEST_TIMEOUT_S = 8.0   # longest a request waits for files, the database or MLflow
 CACHE_TTL_S = 5.0         # status.json is rewritten every few seconds: fresher would only cost reads
@@ -171,7 +171,19 @@ def create_app() -> FastAPI:
             return RedirectResponse(url)
         if target == "eval-report":
             return await _eval_report(request, row)
-        raise HTTPException(404, f"{target}: no such link (mlflow-run, model-version, eval-report)")
+        if target == "sweep-ranking":
+            return await _sweep_ranking(row)
+        raise HTTPException(404, f"{target}: no such link (mlflow-run, model-version, eval-report, sweep-ranking)")
+
+    async def _sweep_ranking(row: render.RunRow) -> HTMLResponse:
+        from pipelines.run_folder import RunFolder
+
+        path = RunFolder(row.files.folder).sweep_ranking_summary
+        markdown = await off_loop(("ranking", str(path)),
+                                  lambda: path.read_text(errors="replace") if path.exists() else None)
+        if markdown is None:
+            return HTMLResponse(render.message("No sweep ranking", f"{path}: not written yet"), 404)
+        return HTMLResponse(render.sweep_ranking(row, markdown))
 
     async def _eval_report(request: Request, row: render.RunRow) -> HTMLResponse:
         from pipelines.run_folder import RunFolder

@@ -64,6 +64,7 @@ class RunFiles:
     registry: dict[str, Any] = field(default_factory=dict)
     failure: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    ranking: dict[str, Any] = field(default_factory=dict)  # a sweep's (taxiway_sweep)
 
     @property
     def progress(self) -> float | None:
@@ -86,7 +87,14 @@ def read(folder: Path, with_events: bool = False) -> RunFiles:
     run = RunFolder(folder)
     losses = [(int(r["step"]), float(r["loss"])) for r in _jsonl(run.metrics)
               if isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
+    ranking = _json(run.sweep_ranking)
     return RunFiles(folder=folder, status=run.read_status(), losses=thinned(losses),
-                    evaluation=_json(run.eval_report), preflight=_json(run.preflight_report),
+                    evaluation=_json(_best_member(ranking, run).eval_report), preflight=_json(run.preflight_report),
                     registry=_json(run.registry_record), failure=_json(run.failure_summary),
-                    events=_jsonl(run.events)[-MAX_EVENTS:] if with_events else [])
+                    events=_jsonl(run.events)[-MAX_EVENTS:] if with_events else [], ranking=ranking)
+
+
+def _best_member(ranking: dict[str, Any], run: RunFolder) -> RunFolder:
+    """A sweep's evaluation is its best member's; any other run's is its own."""
+    best = [m for m in ranking.get("members", []) if isinstance(m, dict) and m.get("member") == ranking.get("best")]
+    return RunFolder(Path(best[0]["run_dir"])) if best and isinstance(best[0].get("run_dir"), str) else run

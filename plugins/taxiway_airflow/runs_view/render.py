@@ -101,6 +101,8 @@ def run_links(row: RunRow, root: str) -> str:
     out = [f"<a target='_top' href='/dags/{dag}/runs/{run}'>Airflow run</a>"]
     if row.files.losses or row.files.registry:
         out.append(f"<a target='_blank' href='{root}/go/mlflow-run/{dag}/{run}'>MLflow run</a>")
+    if row.files.ranking:
+        out.append(f"<a href='{root}/go/sweep-ranking/{dag}/{run}'>Sweep ranking</a>")
     if row.files.registry.get("version"):
         reg = row.files.registry
         out.append(f"<a target='_blank' href='{root}/go/model-version/{dag}/{run}'>"
@@ -133,7 +135,7 @@ def runs_table(rows: list[RunRow], root: str) -> str:
             f"<td>{_progress(f)}</td><td>{_num(st.get('loss'), '.4f')}</td><td>{sparkline(f.losses)}</td>"
             f"<td>{_num(st.get('tokens_per_s'), ',.0f')}</td><td>{_num(st.get('restarts'), 'd')}</td>"
             f"<td>{_checkpoint(f)}</td><td>{_badge(f.decision)}</td><td>{run_links(row, root)}</td></tr>")
-    empty = "" if rows else "<p class='muted'>No taxiway_train or taxiway_refresh run yet.</p>"
+    empty = "" if rows else "<p class='muted'>No taxiway_train, taxiway_refresh or taxiway_sweep run yet.</p>"
     return _page("Training runs", f"<h1>Training runs</h1><table>{head}{''.join(body)}</table>{empty}")
 
 
@@ -190,6 +192,11 @@ def eval_report(row: RunRow, markdown: str, plot_url: str | None) -> str:
     plot = f"<img alt='per-unit comparison' src='{plot_url}' style='max-width:100%'>" if plot_url else ""
     return _page(f"Evaluation of {row.run_id}", f"<h1>Evaluation of {escape(row.run_id)}</h1>"
                  f"<pre>{escape(markdown)}</pre>{plot}")
+
+
+def sweep_ranking(row: RunRow, markdown: str) -> str:
+    return _page(f"Sweep ranking of {row.run_id}", f"<h1>Sweep ranking of {escape(row.run_id)}</h1>"
+                 f"<pre>{escape(markdown)}</pre>")
 
 
 def message(title: str, text: str) -> str:

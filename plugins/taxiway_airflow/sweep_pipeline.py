@@ -1,0 +1,40 @@
+"""The stages ``taxiway_sweep`` chains after the shared preflight → tokenize: the member run folders,
+one mapped task group per member (smoke → gang → final checkpoint → evaluation), the ranking, and
+the registration of the best member. Wiring only: task bodies live in ``sweep_tasks`` and ``tasks``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import TaskGroup, task_group
+
+from taxiway_airflow import sweep_tasks, tasks
+from taxiway_airflow.links import MlflowRunLink, ModelVersionLink, with_links
+from taxiway_airflow.operators.gang import TrainGang
+from taxiway_airflow.sensors.checkpoint import CheckpointSensor
+from taxiway_airflow.stage_docs import STAGES
+
+
+@task_group(group_id="member", **STAGES["member"]._asdict())
+def member(run: Any) -> None:
+    """One member, in its own run folder (mapped over the ``members`` task's list): the train stage's
+    tasks with the same retries, then its evaluation. Gangs of members run side by side: each picks
+    a free rendezvous port at launch and writes only under its own folder."""
+    gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
+                     retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10))
+    final = CheckpointSensor(task_id="final_checkpoint", run=run)
+    tasks.smoke.override(task_id="smoke")(run) >> gang >> final >> tasks.evaluate.override(task_id="score")(run)
+
+
+def sweep_stages(run: Any) -> tuple[Any, TaskGroup]:
+    """Add the sweep's groups for the run folder XCom ``run``; returns the first task and the last group."""
+    with TaskGroup("sweep", **STAGES["sweep"]._asdict()) as sweep:
+        listed = sweep_tasks.members.override(task_id="members")(run)
+        member.expand(run=listed) >> sweep_tasks.rank.override(task_id="rank")()  # upstream: the members only
+
+    with TaskGroup("register", **STAGES["register_best"]._asdict()) as register:
+        best = sweep_tasks.register_best.override(task_id="model_version")(run)
+        with_links(best, (ModelVersionLink(), MlflowRunLink()))
+    sweep >> register
+    return listed, register

@@ -1,0 +1,80 @@
+"""Task callables of the ``taxiway_sweep`` DAG: thin wrappers around ``pipelines.sweep``. A member's
+own stages (smoke, gang, evaluation) are the single run's tasks, given the member's run folder."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import get_current_context, task
+
+from taxiway_airflow.failures import RETRY, translated
+from taxiway_airflow.tasks import conf_config, prepared
+
+log = logging.getLogger("taxiway")
+
+
+@task(retries=2, **RETRY)
+@translated
+def resolve_sweep() -> dict[str, Any]:
+    """Config as ``resolve_config`` makes it, and the ``sweep`` param checked against it: every point
+    must give a valid RunConfig, so a bad key or value fails here (never retried), naming point and key."""
+    from pipelines import run_folder
+    from pipelines.config import ConfigError
+    from pipelines.sweep import points
+
+    ctx = get_current_context()
+    conf = dict(ctx["dag_run"].conf or {})
+    if "sweep" not in conf:
+        raise ConfigError({"sweep": "missing; send a grid ({\"train.lr\": [0.001, 0.0003]}) or a list of points"},
+                          "conf")
+    spec = conf.pop("sweep")
+    cfg = conf_config(conf)
+    chosen = points.members(cfg, spec)
+    run_dir = run_folder.run_dir(ctx["run_id"])
+    out = prepared(cfg, run_dir)
+    points.write(run_dir, chosen)
+    for m in chosen:
+        log.info("member %02d: %s (config sha256 %s)", m.index, m.point, m.config.sha256()[:12])
+    return out
+
+
+@task(retries=2, **RETRY)
+@translated
+def members(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One run folder per point, sharing this run's preflight and packed data; the list is what the
+    member task group is mapped over."""
+    from pipelines.sweep import members as sweep_members
+
+    out = sweep_members.write(Path(run["run_dir"]), get_current_context()["run_id"])
+    log.info("%d member run folder(s) under %s", len(out), Path(run["run_dir"]) / "sweep")
+    return out
+
+
+@task(retries=2, **RETRY, trigger_rule="all_done_min_one_success")
+@translated
+def rank() -> dict[str, Any]:
+    """Rank the members that were evaluated; runs when every member ended and one at least succeeded
+    (its only upstream are the members' last tasks: a sweep that failed earlier leaves it upstream_failed)."""
+    from pipelines import run_folder
+    from pipelines.sweep import ranking
+
+    result = ranking.rank(run_folder.run_dir(get_current_context()["run_id"]))
+    log.info("%s", ranking.summary(result))
+    return {"best": result["best"], "members": len(result["members"]),
+            "failed": [r["member"] for r in result["members"] if r["state"] != "evaluated"]}
+
+
+@task(retries=2, **RETRY)
+@translated
+def register_best(run: dict[str, Any]) -> dict[str, Any]:
+    """Every member a child MLflow run of the sweep's run; the best registered. Idempotent per Airflow run."""
+    from pipelines.sweep import registration
+
+    ctx = get_current_context()
+    airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
+    result = registration.register(Path(run["run_dir"]), ctx["run_id"], airflow)
+    log.info("registered member %s as %s version %s ('%s'); MLflow parent run %s", result["sweep_member"],
+             result["model_name"], result["version"], result["alias"], result["parent_run_id"])
+    return result
