@@ -111,7 +111,18 @@ def tampered_run(dag, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
 # the live modules, longest first (make test --durations, 2026-12-01: about 480, 310, 230 and 120 s)
-LIVE_ORDER = ("test_live_conf.py", "test_live_cancel.py", "test_live_celery.py", "test_live_refresh.py")
+LIVE_ORDER = ("test_live_conf.py", "test_live_cancel.py", "test_live_celery.py", "test_live_refresh.py",
+              "test_live_sweep.py")
+
+
+def run_note(dag_id: str, run_id: str) -> str | None:
+    """A DAG run's note as the metadata database holds it (set by a callback's own session)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).note
 
 
 def _live_rank(item: pytest.Item) -> int:

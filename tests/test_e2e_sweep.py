@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, run_note
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +50,12 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
            ["candidate"]["bits_per_byte"] for r in rows}
     assert [r["state"] for r in rows] == ["evaluated", "evaluated"] and [r["rank"] for r in rows] == [1, 2]
     assert (failed["member"], failed["state"]) == ("02", "failed") and "no evaluation report" in failed["reason"]
+    # the member's failure is summarized as the member's: in its folder and a note saying the sweep went on
+    summary = json.loads(RunFolder(folder.sweep_member(2)).failure_summary.read_text())
+    assert (summary["member"], summary["task_id"], summary["kind"]) == ("02", "sweep.member.smoke", "check failed")
+    assert not folder.failure_summary.exists(), "a member's failure is not the sweep's"
+    note = run_note("taxiway_sweep", dr.run_id)
+    assert note.startswith("**Sweep member 02 failed**") and "goes on with the other members" in note, note
     assert [r["member"] for r in rows] == sorted(bpb, key=bpb.get) and ranking["best"] == rows[0]["member"]
     assert [r["point"] for r in sorted(ranking["members"], key=lambda r: r["member"])] == sweep
     assert {json.loads((folder.sweep_member(i) / "tokenize" / "packed.json").read_text())["path"]

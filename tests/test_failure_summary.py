@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, tampered_run
+from conftest import REPO, run_note, tampered_run
 
 
 @pytest.fixture(scope="module")
@@ -17,15 +17,6 @@ def dag(airflow_db, demo_data):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
-
-
-def _note(dag_id: str, run_id: str) -> str | None:
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).note
 
 
 def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, home: Path, tmp_path: Path, caplog,
@@ -42,7 +33,7 @@ def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, h
     assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
     assert summary["run_folder"] == str(run_dir(dr.run_id))
 
-    note = _note("taxiway_train", dr.run_id)
+    note = run_note("taxiway_train", dr.run_id)
     assert note and note.startswith("**Failed at preflight**") and f"val/{victim}" in note, note
     failure_lines = [r.getMessage() for r in caplog.records if "TAXIWAY FAILURE at preflight" in r.getMessage()]
     assert failure_lines and f"val/{victim}" in failure_lines[-1] and "next: " in failure_lines[-1]
@@ -102,5 +93,5 @@ def test_a_conf_typo_is_summarized_although_the_run_folder_was_never_made(dag):
     assert (summary["stage"], summary["kind"]) == ("resolve_config", "bad input"), summary
     assert summary["reason"].startswith("invalid conf: trian: not a conf key (did you mean 'train'?)"), summary["reason"]
     assert summary["next"] == "fix the conf or config field named above and trigger a new run"
-    note = _note("taxiway_train", dr.run_id)
+    note = run_note("taxiway_train", dr.run_id)
     assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian: not a conf"), note

@@ -23,6 +23,7 @@ log = logging.getLogger("taxiway")
 MAX_REASON = 300
 TASK_SUMMARY_WAIT_S = 10.0  # how long the DAG's callback waits for the failed task's own summary
 _MANIFEST_LINE = re.compile(r"(\S+\.jsonl):(\d+)")
+SWEEP_MEMBER = "sweep.member."  # taxiway_sweep's mapped member group: one map index per member
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,20 @@ class FailureSummary:
     next: str        # what the user does about it
     run_folder: str
     at: str          # UTC ISO 8601
+    member: str | None = None  # a sweep member ("02"): its failure is the member's, the sweep goes on
 
     def line(self) -> str:
         """The task log's last line."""
-        return (f"TAXIWAY FAILURE at {self.stage} ({self.task_id}, {self.kind}): {self.reason} | next: {self.next} "
-                f"| run folder: {self.run_folder}")
+        where = f"sweep member {self.member} " if self.member else ""
+        return (f"TAXIWAY FAILURE at {where}{self.stage} ({self.task_id}, {self.kind}): {self.reason} | next: "
+                f"{self.next} | run folder: {self.run_folder}")
 
     def note(self) -> str:
         """The run's note (Markdown, shown in the grid)."""
+        if self.member:
+            return (f"**Sweep member {self.member} failed** (`{self.task_id}`, {self.kind}): {self.reason}\n\n"
+                    "The sweep goes on with the other members; this one is listed as failed in its ranking.\n\n"
+                    f"**Next:** {self.next}\n\nMember folder: `{self.run_folder}`")
         return (f"**Failed at {self.stage}** (`{self.task_id}`, {self.kind}): {self.reason}\n\n"
                 f"**Next:** {self.next}\n\nRun folder: `{self.run_folder}`")
 
@@ -85,6 +92,9 @@ def advice(stage: str, task_id: str, kind: str, reason: str, run_folder: str, tr
     """What to do next, from where it failed and what kind of failure it was."""
     from pipelines.errors import BadInput, CheckFailed, Transient
 
+    if task_id.startswith(SWEEP_MEMBER):
+        return (f"nothing, for the sweep: the other members go on; to try this one again, clear {task_id} for its map "
+                f"index (with downstream) — its logs are under {run_folder}/train/logs/")
     if task_id in ("resolve_config", "plan"):
         return "fix the conf or config field named above and trigger a new run"
     if stage == "preflight":
@@ -113,18 +123,20 @@ def advice(stage: str, task_id: str, kind: str, reason: str, run_folder: str, tr
 
 def summarize(context: dict[str, Any], reason: str | None = None) -> FailureSummary:
     """A summary of the failed task in ``context``; ``reason`` when no exception is at hand."""
-    from pipelines.run_folder import run_dir
+    from pipelines.run_folder import RunFolder, run_dir
 
     ti = context["ti"]
     run_id, task_id = context["run_id"], ti.task_id
     exc = _root_cause(context.get("exception"))
     kind = kind_label(exc) if exc is not None else "failed (see the task log)"
     text = one_line(reason if reason is not None else (str(exc) or type(exc).__name__) if exc else "failed")
-    folder = str(run_dir(run_id))
+    index = getattr(ti, "map_index", -1)
+    member = f"{index:02d}" if task_id.startswith(SWEEP_MEMBER) and index is not None and index >= 0 else None
+    folder = str(RunFolder(run_dir(run_id)).sweep_member(index) if member else run_dir(run_id))
     return FailureSummary(dag_id=ti.dag_id, run_id=run_id, task_id=task_id, stage=task_id.split(".", 1)[0],
                           kind=kind, reason=text,
                           next=advice(task_id.split(".", 1)[0], task_id, kind, text, folder, ti.try_number),
-                          run_folder=folder, at=datetime.now(UTC).isoformat(timespec="seconds"))
+                          run_folder=folder, at=datetime.now(UTC).isoformat(timespec="seconds"), member=member)
 
 
 def record(summary: FailureSummary) -> None:
@@ -134,7 +146,8 @@ def record(summary: FailureSummary) -> None:
     from trainer import fsio
 
     # written even when the run failed before its folder was made (resolve_config): the DAG's callback
-    # then finds it instead of replacing the note with a poorer summary of its own
+    # then finds it instead of replacing the note with a poorer summary of its own. A sweep member's
+    # goes to the member's folder: the run's failure.json stays the run's own
     fsio.write_json(RunFolder(Path(summary.run_folder)).failure_summary, asdict(summary))
     if why := set_note(summary.dag_id, summary.run_id, summary.note()):
         log.warning("could not set the run's note: %s", why)
