@@ -20,7 +20,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pipelines.errors import Transient
 
@@ -130,3 +130,75 @@ def _describe(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+class Ahead(Generic[R]):
+    """One job whose slow preparation (imports) starts now, in a forked child, while the caller
+    does other work; the job's input is sent later, its result comes back. With ``enabled`` False
+    (one worker) nothing is forked: ``result`` prepares and runs the job in the caller.
+
+    A child's exception is re-raised by ``result``; the child is killed and reaped by ``close``.
+    """
+
+    def __init__(self, prepare: Callable[[], Any], job: Callable[[Any], R], enabled: bool) -> None:
+        self.prepare, self.job, self.pid = prepare, job, None
+        self.arg: Any = None
+        if enabled:
+            self.conn, child = multiprocessing.Pipe(duplex=True)
+            self.pid = os.fork()
+            if self.pid == 0:
+                self.conn.close()
+                self._child(child)
+            child.close()
+
+    def _child(self, conn: Connection) -> None:
+        code = 0
+        try:
+            self.prepare()
+            conn.send(self.job(conn.recv()))
+        except EOFError:  # the caller went away without sending the input
+            pass
+        except BaseException as exc:  # noqa: BLE001 — everything goes back to the caller
+            code = 1
+            try:
+                conn.send(_Failed(exc))
+            except Exception:  # noqa: BLE001 — an exception that does not pickle
+                conn.send(_Failed(RuntimeError(repr(exc))))
+        finally:
+            os._exit(code)
+
+    def submit(self, arg: Any) -> None:
+        if self.pid is None:
+            self.arg = arg
+        else:
+            self.conn.send(arg)
+
+    def result(self) -> R:
+        if self.pid is None:
+            self.prepare()
+            return self.job(self.arg)
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            _, status = os.waitpid(self.pid, 0)
+            self.pid = None
+            raise Transient(f"worker process died without a result ({_describe(status)})") from None
+        if isinstance(msg, _Failed):
+            raise msg.exc
+        return msg
+
+    def close(self) -> None:
+        if self.pid is not None:
+            self.conn.close()
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+    def __enter__(self) -> Ahead[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
