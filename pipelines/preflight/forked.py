@@ -170,8 +170,11 @@ class Ahead(Generic[R]):
     def submit(self, arg: Any) -> None:
         if self.pid is None:
             self.arg = arg
-        else:
+            return
+        try:
             self.conn.send(arg)
+        except (BrokenPipeError, ConnectionResetError):  # the child died: ``result`` says how
+            pass
 
     def result(self) -> R:
         if self.pid is None:
@@ -179,7 +182,7 @@ class Ahead(Generic[R]):
             return self.job(self.arg)
         try:
             msg = self.conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):
             _, status = os.waitpid(self.pid, 0)
             self.pid = None
             raise Transient(f"worker process died without a result ({_describe(status)})") from None
