@@ -395,3 +395,18 @@ def test_a_rescanned_shard_is_a_cache_hit_and_a_new_file_changes_one_shard(data:
     before = [[f.key for f in s.files] for s in shards]
     changed = [s for s in plan(cfg) if [f.key for f in s.files] not in before]
     assert len(changed) == 1 and "train/d010b.txt" in [f.key for f in changed[0].files]
+
+
+def test_normalized_hash_collapses_exactly_what_a_whitespace_regex_matches():
+    """The hash's split/join equals ``re.sub(r"\\s+", " ", ...).strip()`` (its definition) at every
+    whitespace code point, mixed with text, case and NFKC forms."""
+    import hashlib
+    import unicodedata
+
+    from pipelines.preflight.duplicates import normalized_hash
+
+    spaces = "".join(chr(c) for c in range(0x110000) if re.match(r"\s", chr(c)))
+    assert spaces == "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+    for text in (f"{spaces}Ａb{spaces}C d\u00a0\u2028e{spaces}", "x" + "".join(f"{c}y{c}{c}" for c in spaces), ""):
+        norm = re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).lower()).strip()
+        assert normalized_hash(text) == hashlib.blake2b(norm.encode(), digest_size=16).hexdigest()

@@ -17,6 +17,7 @@ from pathlib import Path
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import decontaminate
 from pipelines.preflight.forked import split_map
+from pipelines.preflight.overlap import warm as warm_overlap
 from pipelines.preflight.reduce import documents_process, reduce
 from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
 from pipelines.preflight.shards import ShardResult, load, plan, read_plan, scan, write_plan
@@ -106,15 +107,16 @@ def reduce_and_gate(cfg: RunConfig, run_dir: Path, keys: list[str], workers: int
 
 def run(cfg: RunConfig, run_dir: Path, workers: int | None = None) -> Report:
     """Plan, scan every shard on ``workers`` forked processes (largest first, so the last ones
-    to finish are small), reduce, gate. The documents check's process starts first: its imports
-    overlap the scans."""
+    to finish are small), reduce, gate. The documents and manifest checks' process starts first,
+    so its imports overlap the scans, and this process imports what the overlap check needs while
+    the other workers start scanning."""
     workers = _workers(cfg, workers)
     with documents_process(cfg, workers) as documents:
         plan_shards(cfg, run_dir)
         shards = read_plan(run_dir)
         order = sorted(range(len(shards)), key=lambda i: -shards[i].bytes)
         results: dict[int, ShardResult] = {}
-        for j, result in split_map(lambda i: scan(cfg, shards[i]), order, workers):
+        for j, result in split_map(lambda i: scan(cfg, shards[i]), order, workers, before=warm_overlap):
             results[order[j]] = result
         reduce(cfg, run_dir, shards, [results[i] for i in range(len(shards))], documents)
     return gate(cfg, run_dir)

@@ -9,7 +9,6 @@ train document is listed (decontamination drops them all).
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -17,12 +16,13 @@ from pipelines import manifest
 from pipelines.config import RunConfig
 from pipelines.preflight.report import CheckResult
 
-_SPACE = re.compile(r"\s+")
 _MAX_LISTED = 50
 
 
 def normalized_hash(text: str) -> str:
-    norm = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    """Whitespace runs (``str.isspace``: the characters ``re``'s ``\\s`` matches, a test checks every
+    code point) become one space, the ends none: ``split``/``join`` costs a quarter of ``re.sub``."""
+    norm = " ".join(unicodedata.normalize("NFKC", text).lower().split())
     return hashlib.blake2b(norm.encode(), digest_size=16).hexdigest()
 
 

@@ -57,10 +57,15 @@ class _Counter:
             lock.release()
 
 
-def split_map(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[tuple[int, R]]:
-    """``(i, fn(items[i]))`` for every item, in completion order, on ``workers`` processes."""
+def split_map(fn: Callable[[T], R], items: list[T], workers: int,
+              before: Callable[[], Any] | None = None) -> Iterator[tuple[int, R]]:
+    """``(i, fn(items[i]))`` for every item, in completion order, on ``workers`` processes.
+    ``before``: work of the caller's own (imports it needs later), done once the children have
+    started on the jobs, so it takes the place of the jobs the caller would have claimed."""
     workers = min(workers, len(items))
     if workers <= 1:
+        if before is not None:
+            before()
         yield from enumerate(map(fn, items))
         return
     jobs = _Counter(len(items))
@@ -74,6 +79,8 @@ def split_map(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[tu
                 _child(fn, items, jobs, send)
             send.close()
             children[pid] = recv
+        if before is not None:
+            before()
         while (i := jobs.claim()) is not None:
             yield i, fn(items[i])
             yield from _collect(children, block=False)

@@ -223,7 +223,20 @@ def judge_overlap(cfg: RunConfig, index: TrainIndex, val: Signed, root: storage.
         "lsh_bands": b, "lsh_rows": r})
 
 
+def warm() -> None:
+    """Import what judging the overlap needs (datasketch, matplotlib) and draw one throwaway plot
+    (matplotlib loads fonts and its math-text parser on first use): about a second, spent by a
+    caller that has time to spare before it judges (``preflight.run``, while shards are scanned)."""
+    import datasketch  # noqa: F401
+
+    _png(np.zeros(1), 0.5)
+
+
 def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
+    fsio.write_bytes(path, _png(best, threshold))
+
+
+def _png(best: np.ndarray, threshold: float) -> bytes:
     """Histogram of each val document's best estimated Jaccard against train."""
     import matplotlib
 
@@ -241,4 +254,4 @@ def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    fsio.write_bytes(path, buf.getvalue())
+    return buf.getvalue()
