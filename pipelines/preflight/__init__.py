@@ -107,9 +107,9 @@ def reduce_and_gate(cfg: RunConfig, run_dir: Path, keys: list[str], workers: int
 
 def run(cfg: RunConfig, run_dir: Path, workers: int | None = None) -> Report:
     """Plan, scan every shard on ``workers`` forked processes (largest first, so the last ones
-    to finish are small), reduce, gate. The documents and manifest checks' process starts first,
-    so its imports overlap the scans, and this process imports what the overlap check needs while
-    the other workers start scanning."""
+    to finish are small), reduce, gate. The documents check's process starts first, so its
+    imports overlap the scans, and this process imports what the overlap check needs while the
+    other workers start scanning."""
     workers = _workers(cfg, workers)
     with documents_process(cfg, workers) as documents:
         plan_shards(cfg, run_dir)

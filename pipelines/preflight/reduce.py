@@ -5,8 +5,8 @@ cross-shard: the manifest's listing against the files found, document ids unique
 (Great Expectations over every row), duplicates by first occurrence in file order, and the LSH
 index of train queried by val. Great Expectations' imports and first-use setup are most of the
 documents check's time: with two or more workers a forked process does them while the shards
-are scanned (``documents_process``), then validates the rows and checks the manifest while this
-process judges duplicates and overlap.
+are scanned (``documents_process``), then validates the rows while this process judges the
+other checks.
 """
 
 from __future__ import annotations
@@ -29,32 +29,31 @@ from trainer import fsio
 log = logging.getLogger("taxiway.preflight")
 
 
-def documents_process(cfg: RunConfig, workers: int) -> Ahead[tuple[CheckResult, CheckResult]]:
-    """The documents and manifest checks, Great Expectations' imports started now in a process of
-    its own when there are two or more workers (the caller sends the rows and files later:
-    ``reduce``)."""
-    return Ahead(lambda: warm(cfg), lambda args: (check_documents(cfg, args[0]), check_manifest(cfg, args[1])),
-                 enabled=workers > 1)
+def documents_process(cfg: RunConfig, workers: int) -> Ahead[CheckResult]:
+    """The documents check, Great Expectations' imports started now in a process of its own when
+    there are two or more workers (the caller sends the rows later: ``reduce``)."""
+    return Ahead(lambda: warm(cfg), lambda rows: check_documents(cfg, rows), enabled=workers > 1)
 
 
 def reduce(cfg: RunConfig, run_dir: Path, shards: list[Shard], results: list[ShardResult],
-           documents: Ahead[tuple[CheckResult, CheckResult]]) -> dict[str, CheckResult]:
+           documents: Ahead[CheckResult]) -> dict[str, CheckResult]:
     """Judge every check from ``results`` (one per shard, in shard order) and save each under
     ``<run>/preflight/checks/``; records the shard keys used in ``<run>/preflight/shards.json``.
-    The documents and manifest checks run in ``documents`` (``documents_process``) while this
-    process judges duplicates and overlap."""
+    The documents check runs in ``documents`` (``documents_process``) while this process judges
+    the others."""
     folder = RunFolder(run_dir)
     fsio.write_json(folder.preflight_shards, {"shards": [
         {"id": s.id, "split": s.split, "files": len(s.files), "bytes": s.bytes, "key": r.key, "cache_hit": r.cache_hit}
         for s, r in zip(shards, results, strict=True)]})
+    documents.submit([row for r in results for row in r.rows])
     found: dict[str, OnDisk] = {split: {} for split in manifest.SPLITS}
     for shard, result in zip(shards, results, strict=True):
         for f, (_, size, sha) in zip(shard.files, result.files, strict=True):
             found[shard.split][f.path] = (f.uri, size, sha)
-    documents.submit(([row for r in results for row in r.rows], found))
-    checks = {"duplicates": check_duplicates(cfg, ((r.split, doc, digest) for r in results for doc, digest in r.digests)),
+    checks = {"manifest": check_manifest(cfg, found),
+              "duplicates": check_duplicates(cfg, ((r.split, doc, digest) for r in results for doc, digest in r.digests)),
               "overlap": _overlap(cfg, results, folder.overlap_plot)}
-    checks["documents"], checks["manifest"] = documents.result()
+    checks["documents"] = documents.result()
     for name in CHECK_NAMES:
         fsio.write_json(folder.preflight_check(name), checks[name].to_json())
         log.info("[%s] %s: %s", "ok" if checks[name].passed else "FAIL", name, checks[name].message)

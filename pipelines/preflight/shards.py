@@ -46,8 +46,6 @@ class ShardFile:
     path: str    # path inside its filesystem, as ``storage.list_files`` gave it
     bytes: int
 
-    def location(self) -> storage.Location:
-        return dataclasses.replace(storage.locate(self.uri), path=self.path)
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,8 @@ def shard_key(cfg: RunConfig, split: str, files: list[list]) -> str:
 
 def scan(cfg: RunConfig, shard: Shard) -> ShardResult:
     """The shard's result: from the cache when its files are unchanged, else computed and cached."""
-    locs = [f.location() for f in shard.files]
+    base = storage.locate(shard.files[0].uri)  # one split's files: one filesystem (locating each costs a resolve)
+    locs = [dataclasses.replace(base, path=f.path) for f in shard.files]
     raws = [storage.read_bytes(loc) for loc in locs]
     files = [[f.key, len(raw), hashlib.sha256(raw).hexdigest()] for f, raw in zip(shard.files, raws, strict=True)]
     key = shard_key(cfg, shard.split, files)
@@ -134,8 +133,8 @@ def scan(cfg: RunConfig, shard: Shard) -> ShardResult:
     with fsio.staged_dir(folder) as stage:
         fsio.write_bytes(stage / "signatures.npz", _npz(result.ids, result.sigs), durable=False)
         # written last: its presence marks a complete entry (staged_dir renames the whole folder anyway)
-        fsio.write_json(stage / "result.json", {"split": result.split, "files": result.files, "rows": result.rows,
-                                                "digests": result.digests}, durable=False)
+        fsio.write_text(stage / "result.json", json.dumps({  # compact: json's C encoder only runs without indent
+            "split": result.split, "files": result.files, "rows": result.rows, "digests": result.digests}), durable=False)
     return result
 
 
@@ -164,8 +163,9 @@ def _compute(cfg: RunConfig, shard: Shard, locs: list[storage.Location], raws: l
     fmt, p = cfg.data.format, cfg.preflight
     rows, digests, ids, texts = [], [], [], []
     for f, loc, raw in zip(shard.files, locs, raws, strict=True):
-        whole_file = file_format(loc, fmt) == "txt"
-        for rec in parse(raw, loc, fmt):
+        kind = file_format(loc, fmt)
+        whole_file = kind == "txt"
+        for rec in parse(raw, loc, kind):
             doc = record_key(rec, f.key)
             rows.append({"split": shard.split, "doc_id": doc, "n_bytes": rec.n_bytes,
                          "n_chars": len(rec.text) if rec.text is not None else None, "problem": rec.problem})
