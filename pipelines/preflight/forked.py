@@ -60,12 +60,11 @@ class _Counter:
 def split_map(fn: Callable[[T], R], items: list[T], workers: int,
               before: Callable[[], Any] | None = None) -> Iterator[tuple[int, R]]:
     """``(i, fn(items[i]))`` for every item, in completion order, on ``workers`` processes.
-    ``before``: work of the caller's own (imports it needs later), done once the children have
-    started on the jobs, so it takes the place of the jobs the caller would have claimed."""
+    ``before``: a head start on the caller's own later work (imports), done once the children
+    have started on the jobs, in place of jobs the caller would have claimed; skipped when there
+    are no children (there is nothing to overlap it with)."""
     workers = min(workers, len(items))
     if workers <= 1:
-        if before is not None:
-            before()
         yield from enumerate(map(fn, items))
         return
     jobs = _Counter(len(items))
@@ -140,15 +139,16 @@ def _describe(status: int) -> str:
 
 
 class Ahead(Generic[R]):
-    """One job whose slow preparation (imports) starts now, in a forked child, while the caller
-    does other work; the job's input is sent later, its result comes back. With ``enabled`` False
-    (one worker) nothing is forked: ``result`` prepares and runs the job in the caller.
+    """One job whose warm-up (imports, first-use setup) starts now, in a forked child, while the
+    caller does other work; the job's input is sent later, its result comes back. With ``enabled``
+    False (one worker) nothing is forked and there is nothing to warm up ahead of: ``result`` runs
+    the job in the caller.
 
     A child's exception is re-raised by ``result``; the child is killed and reaped by ``close``.
     """
 
-    def __init__(self, prepare: Callable[[], Any], job: Callable[[Any], R], enabled: bool) -> None:
-        self.prepare, self.job, self.pid = prepare, job, None
+    def __init__(self, warm_up: Callable[[], Any], job: Callable[[Any], R], enabled: bool) -> None:
+        self.warm_up, self.job, self.pid = warm_up, job, None
         self.arg: Any = None
         if enabled:
             self.conn, child = multiprocessing.Pipe(duplex=True)
@@ -161,7 +161,7 @@ class Ahead(Generic[R]):
     def _child(self, conn: Connection) -> None:
         code = 0
         try:
-            self.prepare()
+            self.warm_up()
             conn.send(self.job(conn.recv()))
         except EOFError:  # the caller went away without sending the input
             pass
@@ -185,7 +185,6 @@ class Ahead(Generic[R]):
 
     def result(self) -> R:
         if self.pid is None:
-            self.prepare()
             return self.job(self.arg)
         try:
             msg = self.conn.recv()
