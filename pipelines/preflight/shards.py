@@ -47,7 +47,6 @@ class ShardFile:
     bytes: int
 
 
-
 @dataclass(frozen=True)
 class Shard:
     id: int
@@ -105,7 +104,8 @@ def plan(cfg: RunConfig) -> list[Shard]:
 
 
 def write_plan(run_dir: Path, shards: list[Shard]) -> None:
-    fsio.write_json(RunFolder(run_dir).preflight_plan, {"shards": [s.to_json() for s in shards]})
+    """Compact JSON: a line per file of the corpus would cost the Python encoder's time (``indent``)."""
+    fsio.write_text(RunFolder(run_dir).preflight_plan, json.dumps({"shards": [s.to_json() for s in shards]}))
 
 
 def read_plan(run_dir: Path) -> list[Shard]:
