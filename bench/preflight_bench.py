@@ -32,6 +32,11 @@ Corpora: the demo corpus (x1) and a 10x set built from it with planted near-dupl
 document in 10 variants with 0-35% of words replaced, variants spread over train and val).
 Manifest hashing: ``sha256sum`` vs ``pipelines.manifest.hash_files`` with 1 and 2 threads.
 
+Whole stage: ``taxiway preflight --workers 1`` and ``--workers 2`` (plan, shard scans, every
+check, the gate), each a fresh process with an empty cache (its own ``TAXIWAY_HOME``), timed by
+the parent from spawn to exit, imports included; compared 1 -> 2 workers and against datasketch
+as advised doing overlap alone on one process.
+
     .venv/bin/python bench/preflight_bench.py [--repeats 3] [--slow-repeats 1] [--corpora x1,x10] [--out bench/results]
 
 writes ``preflight.json`` (raw figures) and ``preflight.md`` (the tables) in ``--out``.
@@ -40,6 +45,7 @@ writes ``preflight.json`` (raw figures) and ``preflight.md`` (the tables) in ``-
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import statistics
@@ -284,6 +290,23 @@ def child(method: str, data: str, workers: int, cores: str) -> None:
     print(json.dumps(out))
 
 
+def stage_seconds(data: Path, workers: int, scratch: Path) -> float:
+    """Wall time of the whole ``taxiway preflight`` in a fresh process with an empty cache (it
+    exits 1 on the x10 corpus: the planted near-duplicates fail the gate, as they should)."""
+    home = Path(tempfile.mkdtemp(dir=scratch))
+    sets = [f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
+            f"preflight.num_perm={NUM_PERM}", f"preflight.shingle_words={SHINGLE}", f"preflight.overlap_jaccard={THRESHOLD}"]
+    cmd = [str(Path(sys.executable).parent / "taxiway"), "preflight", "-c", str(REPO / "configs" / "tiny.yaml"),
+           *[a for s in sets for a in ("--set", s)], "--run-dir", str(home / "run"), "--workers", str(workers)]
+    env = {**os.environ, "TAXIWAY_HOME": str(home), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    seconds = time.perf_counter() - t
+    if proc.returncode not in (0, 1):
+        sys.exit(f"taxiway preflight --workers {workers} failed:\n{proc.stderr[-4000:]}")
+    return seconds
+
+
 def sha256sum(data: Path) -> float:
     files = [str(p) for split in ("train", "val") for p in sorted((data / split).iterdir())]
     t = time.perf_counter()
@@ -372,6 +395,11 @@ def tables(figures: dict) -> str:
             out.append(f"{title}\n\n" + harness.markdown(
                 ["method", "median s", "MB/s", "peak RSS MiB", "pairs", "J>=0.85 found", "0.80-0.85 found",
                  "0.70-0.80 found", "reported J<0.80", "reported J<0.70", f"{ours} speed-up"], rows))
+        st, r = row["stage"], row["ratios"]
+        out.append(f"whole stage (`taxiway preflight`, fresh process, empty cache): 1 worker "
+                   f"{st['workers_1']['median_s']} s, 2 workers {st['workers_2']['median_s']} s "
+                   f"({r['stage_1_to_2_workers']}x); datasketch as advised, overlap alone: "
+                   f"{r['stage_2_workers_vs_datasketch_overlap']}x the 2-worker stage\n")
         h = row["hashing"]
         out.append(f"manifest hashing: sha256sum {h['sha256sum_mb_per_s']} MB/s, taxiway 1 thread "
                    f"{h['taxiway_1_thread_mb_per_s']} MB/s ({h['per_core_vs_sha256sum']}x), 2 threads "
@@ -419,6 +447,13 @@ def main() -> None:
                 "peak_rss_mib_1_thread": round(max(r["peak_rss_mib"] for r in h1), 1)}
             row["hashing"]["per_core_vs_sha256sum"] = round(
                 row["hashing"]["taxiway_1_thread_mb_per_s"] / row["hashing"]["sha256sum_mb_per_s"], 2)
+            stage = {w: [stage_seconds(data, w, Path(tmp)) for _ in range(args.repeats)] for w in (1, 2)}
+            row["stage"] = {f"workers_{w}": {"median_s": round(statistics.median(v), 3), "runs_s": [round(x, 3) for x in v]}
+                            for w, v in stage.items()}
+            row["ratios"]["stage_1_to_2_workers"] = round(row["stage"]["workers_1"]["median_s"]
+                                                          / row["stage"]["workers_2"]["median_s"], 2)
+            row["ratios"]["stage_2_workers_vs_datasketch_overlap"] = round(
+                row["one_process"]["datasketch"]["median_s"] / row["stage"]["workers_2"]["median_s"], 2)
             figures["corpora"][name] = row
             print(json.dumps({name: {"ratios": row["ratios"], "pairs_j_ge_0.70": row["pairs_j_ge_0.70"]}}), flush=True)
     text = tables(figures)

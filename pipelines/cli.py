@@ -88,12 +88,15 @@ def manifest_cmd(data_dir: Path, output: Annotated[Path | None, typer.Option("-o
 
 @app.command()
 @_guard
-def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
+              workers: Annotated[int | None, typer.Option(
+                  min=1, help="Processes scanning the shards (default: preflight.workers, else all cores)")] = None,
+              ) -> None:
     """Check the data against its manifest and for train/val overlap; exit 1 when the gate fails."""
     from pipelines import stages
 
     cfg, folder = _setup(config, set, run_dir)
-    report = stages.preflight(cfg, folder)
+    report = stages.preflight(cfg, folder, workers)
     typer.echo(report.summary())
     typer.echo(RunFolder(folder).preflight_report)
     if not report.passed:

@@ -60,9 +60,14 @@ def _decode(raw: bytes) -> tuple[str | None, str | None]:
 
 
 def records(loc: storage.Location, fmt: str | None = None) -> Iterator[Record]:
+    return parse(storage.read_bytes(loc), loc, fmt)
+
+
+def parse(raw: bytes, loc: storage.Location, fmt: str | None = None) -> Iterator[Record]:
+    """The documents of ``loc`` from its bytes ``raw``, already read (preflight reads each file
+    once for its hash and every check)."""
     fmt = file_format(loc, fmt)
     uri = loc.uri()
-    raw = storage.read_bytes(loc)
     if fmt == "txt":
         text, problem = _decode(raw)
         yield Record(uri, uri, text, len(raw), problem)

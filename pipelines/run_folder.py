@@ -6,6 +6,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
     <run>/
       config.yaml, config.sha256     the RunConfig the run is (its identity)
       preflight/                     report.json, report.md, overlap.png, checks/<check>.json,
+                                     plan.json (the shards), shards.json (the shard keys used),
                                      clean/ (decontaminated val split), effective.json
       tokenize/packed.json           link to the packed dataset in the cache
       parent/                        the parent model's weights when training continues one
@@ -28,7 +29,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       sweep/ranking.json, ranking.md the members ranked by val bits/byte, failed ones listed
 
     <cache>/tokenizers/<key>/, tokens/<group key>/, packed/<key>/, models/<name>-v<N>/,
-            signatures/<params>/<manifest sha256>.npz
+            signatures/<params>/<manifest sha256>.npz, preflight/<shard key>/
 
 Trainer states are the trainer's own contract (``trainer.status.State``), re-exported here.
 """
@@ -97,6 +98,16 @@ class RunFolder:
 
     def preflight_check(self, name: str) -> Path:
         return self.preflight_checks / f"{name}.json"
+
+    @property
+    def preflight_plan(self) -> Path:
+        """The shards the preflight stage scans (written by its plan step)."""
+        return self.preflight / "plan.json"
+
+    @property
+    def preflight_shards(self) -> Path:
+        """Which cached shard results (keys) the report was built from."""
+        return self.preflight / "shards.json"
 
     @property
     def clean_data(self) -> Path:
@@ -287,6 +298,10 @@ class Cache:
 
     def signatures(self, params: str) -> Path:
         return self.root / "signatures" / params
+
+    def preflight_shard(self, key: str) -> Path:
+        """One preflight shard's scan result (``pipelines/preflight/shards.py``)."""
+        return self.root / "preflight" / key
 
     @property
     def models(self) -> Path:

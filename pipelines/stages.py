@@ -57,10 +57,10 @@ def _require(path: Path, stage: str) -> Path:
     return path
 
 
-def preflight(cfg: RunConfig, run_dir: Path):
+def preflight(cfg: RunConfig, run_dir: Path, workers: int | None = None):
     from pipelines import preflight as pf
 
-    return pf.run(cfg, run_dir)
+    return pf.run(cfg, run_dir, workers)
 
 
 def tokenize(cfg: RunConfig, run_dir: Path):

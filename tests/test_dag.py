@@ -24,7 +24,10 @@ def test_dag_folder_has_no_import_errors():
     groups = [t.task_id.split(".")[0] for t in dag.topological_sort()]
     order = [g for i, g in enumerate(groups) if g not in groups[:i]]
     assert order == ["resolve_config", "preflight", "tokenize", "train", "evaluate", "register"]
-    assert {f"preflight.{c}" for c in ("manifest", "documents", "duplicates", "overlap", "gate")} <= set(dag.task_ids)
+    assert {t for t in dag.task_ids if t.startswith("preflight.")} == {"preflight.plan", "preflight.scan", "preflight.gate"}
+    scan = dag.get_task("preflight.scan")  # one mapped task instance per shard the plan returns
+    assert "preflight.plan" in scan.upstream_task_ids and "preflight.scan" in dag.get_task("preflight.gate").upstream_task_ids
+    assert scan.is_mapped
 
 
 def test_sweep_dag_maps_members_between_shared_stages_and_ranking():

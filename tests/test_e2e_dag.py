@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import quote
@@ -128,25 +129,46 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
 
 
-def test_bad_data_fails_at_the_preflight_task_that_found_it(dag, home: Path, tmp_path: Path, capsys, monkeypatch):
+def test_bad_data_fails_at_the_preflight_gate_from_three_mapped_shards(dag, home: Path, tmp_path: Path, capsys,
+                                                                        monkeypatch):
+    """Preflight as mapped tasks (plan → one scan per shard → gate) on a tampered copy of the corpus
+    cut into 3 shards: the gate fails naming the file, and every check and the report equal, byte
+    for byte, those of one shard per split (``preflight.run``, the CLI's path)."""
+    from pipelines import preflight, stages
+
     monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")  # a second data root
     data = tmp_path / "data"
     shutil.copytree(home / "demo-data", data)
     victim = sorted((data / "val").iterdir())[0]
     victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
     conf = {"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                          "manifest": str(data / "manifest.jsonl")}}
+                                          "manifest": str(data / "manifest.jsonl")},
+            "set": ["preflight.shard_bytes=1500000"]}  # the 160-file corpus: 2 train shards, 1 val
     dr = dag.test(run_conf=conf)
     states = _states(dr)
     assert str(dr.state) == "failed"
-    assert states["preflight.manifest"] == "failed"
-    assert states["preflight.documents"] == states["preflight.overlap"] == "success"
-    assert states["preflight.gate"] == "failed"
-    assert _tries(dr)["preflight.manifest"] == _tries(dr)["preflight.gate"] == 1  # a failed check: no retry
+    scans = [ti for ti in dr.get_task_instances() if ti.task_id == "preflight.scan"]
+    assert len(scans) == 3 and {str(ti.state) for ti in scans} == {"success"}
+    assert states["preflight.plan"] == "success" and states["preflight.gate"] == "failed"
+    assert _tries(dr)["preflight.gate"] == 1  # a failed check: no retry
     assert states["tokenize.pack"] == "upstream_failed"
     out = capsys.readouterr()
     tail = (out.out + out.err).splitlines()
     assert any(f"val/{victim.name}: size" in line for line in tail[-400:]), "problem not in the task log"
+
+    mapped = _run_dir(dr) / "preflight"
+    cfg = stages.load_run_config(_run_dir(dr))
+    whole = tmp_path / "whole"
+    preflight.run(cfg.model_copy(update={"preflight": cfg.preflight.model_copy(update={"shard_bytes": 1 << 30})}),
+                  whole, workers=1)
+    assert len(json.loads((whole / "preflight" / "shards.json").read_text())["shards"]) == 2
+    for check in ("manifest", "documents", "duplicates", "overlap"):
+        assert (mapped / "checks" / f"{check}.json").read_bytes() == (
+            whole / "preflight" / "checks" / f"{check}.json").read_bytes(), check
+    one, other = (re.sub(r'"created_at": "[^"]*"', "", (folder / "report.json").read_text())
+                  for folder in (mapped, whole / "preflight"))
+    assert one == other
+    assert (mapped / "overlap.png").read_bytes() == (whole / "preflight" / "overlap.png").read_bytes()
 
 
 def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp_path: Path, monkeypatch):

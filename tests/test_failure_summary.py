@@ -28,7 +28,7 @@ def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, h
 
     summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
     assert summary["run_id"] == dr.run_id and summary["stage"] == "preflight", summary
-    assert summary["task_id"] in ("preflight.manifest", "preflight.gate") and summary["kind"] == "check failed"
+    assert summary["task_id"] == "preflight.gate" and summary["kind"] == "check failed"
     assert f"val/{victim}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
     assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
     assert summary["run_folder"] == str(run_dir(dr.run_id))
@@ -53,7 +53,8 @@ def test_one_line_keeps_a_reports_failing_checks():
     ("resolve_config", "bad input", "train.lr: must be > 0", "fix the conf or config field"),
     ("preflight.gate", "check failed", "manifest line bad: /d/manifest.jsonl:53: field 'bytes' missing",
      "fix the manifest /d/manifest.jsonl line 53 and trigger a new run"),
-    ("preflight.overlap", "check failed", "12% of val near-duplicates train", "preflight/report.md"),
+    ("preflight.gate", "check failed", "preflight FAILED: overlap: 12% of val near-duplicates train",
+     "preflight/report.md"),
     ("train.gang", "transient failure (try again)", "training gang failed: node 1 exited 1",
      "resume: clear the train group"),
     ("register.model_version", "transient failure (try again)", "MLflow unreachable",

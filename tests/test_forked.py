@@ -1,4 +1,5 @@
-"""The forked job split used for MinHash signatures: results, errors, dead children, clean-up."""
+"""The forked job split used for MinHash signatures and the early-started job of the preflight reduce:
+results, errors, dead children, clean-up."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.errors import Transient
-from pipelines.preflight.forked import split_map
+from pipelines.preflight.forked import Ahead, split_map
 
 
 def _children() -> set[int]:
@@ -112,3 +113,49 @@ def test_the_callers_own_failure_kills_and_reaps_the_children(no_new_children):
 
     with pytest.raises(Bad):
         list(split_map(job, list(range(50)), 3))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_ahead_warms_up_at_once_in_a_child_and_runs_the_job_on_what_is_sent_later(enabled: bool, no_new_children):
+    caller = os.getpid()
+    prepared = multiprocessing.get_context("fork").Event()
+    with Ahead(prepared.set, lambda x: (x * 2, os.getpid()), enabled) as ahead:
+        if enabled:  # prepared before anything was sent: the caller has not asked for the result yet
+            assert prepared.wait(timeout=120)
+        ahead.submit(21)
+        value, pid = ahead.result()
+    assert value == 42 and (pid != caller) == enabled and prepared.is_set() == enabled
+
+
+def test_ahead_raises_the_childs_exception_and_names_a_dead_child(no_new_children):
+    with Ahead(lambda: None, lambda x: _raise(Bad("in the job"))(), True) as ahead, pytest.raises(Bad, match="in the job"):
+        ahead.submit(1)
+        ahead.result()
+    with Ahead(lambda: os.kill(os.getpid(), signal.SIGKILL), lambda x: x, True) as ahead, \
+            pytest.raises(Transient, match="died without a result.*SIGKILL"):
+        ahead.submit(1)
+        ahead.result()
+
+
+def test_ahead_is_killed_and_reaped_when_the_caller_fails_first(no_new_children):
+    never = multiprocessing.get_context("fork").Event()
+    with pytest.raises(Bad), Ahead(lambda: never.wait(timeout=600), lambda x: x, True):
+        raise Bad("caller")
+
+
+def test_before_runs_in_the_caller_while_the_children_take_jobs(no_new_children):
+    caller, child_working = os.getpid(), multiprocessing.get_context("fork").Event()
+    ran = []
+
+    def job(x: int) -> int:
+        if os.getpid() != caller:
+            child_working.set()
+        return x
+
+    def before() -> None:
+        ran.append(os.getpid())
+        assert child_working.wait(timeout=120)  # the children were started first
+
+    assert sorted(i for i, _ in split_map(job, list(range(10)), 2, before=before)) == list(range(10))
+    assert ran == [caller]
+    assert [i for i, _ in split_map(job, list(range(10)), 1, before=before)] == list(range(10)) and ran == [caller]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -331,3 +332,81 @@ def test_lsh_params_are_datasketchs_optimum(num_perm: int):
 
     for threshold in (0.1, 0.3, 0.5, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
         assert lsh_params(threshold, num_perm) == _optimal_param(threshold, num_perm, FP_WEIGHT, FN_WEIGHT)
+
+
+# --- shards --------------------------------------------------------------------------------
+
+def _mixed(data: Path) -> Path:
+    """The corpus with something for every check to report: a near-duplicate, a copy, a bad file."""
+    _plant(data, 60, "near.txt")
+    shutil.copyfile(data / "train" / "d001.txt", data / "train" / "copy.txt")
+    (data / "train" / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
+    _relist(data)
+    return data
+
+
+def _outputs(run_dir: Path) -> dict[str, bytes]:
+    folder = run_dir / "preflight"
+    out = {name: (folder / "checks" / f"{name}.json").read_bytes() for name in preflight.CHECK_NAMES}
+    out["report.json"] = re.sub(rb'"created_at": "[^"]*"', b"", (folder / "report.json").read_bytes())
+    out["overlap.png"] = (folder / "overlap.png").read_bytes()
+    return out
+
+
+def test_three_shards_equal_one_shard_per_split_byte_for_byte(data: Path, tmp_path: Path):
+    from pipelines.preflight.shards import plan
+
+    _mixed(data)
+    whole, sharded = _cfg(data), _cfg(data, "preflight.shard_bytes=10000")
+    assert [s.split for s in plan(whole)] == ["train", "val"]
+    assert [s.split for s in plan(sharded)] == ["train", "train", "val"]
+    one = preflight.run(whole, tmp_path / "one", workers=1)
+    three = preflight.run(sharded, tmp_path / "three", workers=2)  # forked scans and documents process
+    assert not one.passed and {n for n, c in one.checks.items() if not c.passed} == {"documents", "overlap"}
+    assert _outputs(tmp_path / "one") == _outputs(tmp_path / "three")
+    assert three.summary() == one.summary()
+
+
+def test_a_rescanned_shard_is_a_cache_hit_and_a_new_file_changes_one_shard(data: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    from pipelines.preflight.minhash import MinHasher
+    from pipelines.preflight.shards import plan, scan
+
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "home"))  # a cache of its own (the tests' is shared)
+    cfg = _cfg(_mixed(data), "preflight.shard_bytes=3000")
+    shards = plan(cfg)
+    first = [scan(cfg, s) for s in shards]
+    assert len(shards) == 4 and not any(r.cache_hit for r in first)
+
+    def signed_again(*args, **kwargs):
+        raise AssertionError("a cached shard was signed again")
+
+    monkeypatch.setattr(MinHasher, "signatures", signed_again)
+    again = [scan(cfg, s) for s in shards]
+    assert all(r.cache_hit for r in again)
+    for a, b in zip(first, again, strict=True):
+        assert (a.key, a.files, a.rows, a.digests, a.ids) == (b.key, b.files, b.rows, b.digests, b.ids)
+        assert (a.sigs == b.sigs).all()
+    preflight.run(cfg, tmp_path / "run", workers=1)  # the whole stage: every shard from the cache
+    used = json.loads((tmp_path / "run" / "preflight" / "shards.json").read_text())["shards"]
+    assert [(u["key"], u["cache_hit"]) for u in used] == [(r.key, True) for r in first]
+
+    (data / "train" / "d010b.txt").write_text(_doc(500))  # content-defined boundaries: the other shards stay
+    before = [[f.key for f in s.files] for s in shards]
+    changed = [s for s in plan(cfg) if [f.key for f in s.files] not in before]
+    assert len(changed) == 1 and "train/d010b.txt" in [f.key for f in changed[0].files]
+
+
+def test_normalized_hash_collapses_exactly_what_a_whitespace_regex_matches():
+    """The hash's split/join equals ``re.sub(r"\\s+", " ", ...).strip()`` (its definition) at every
+    whitespace code point, mixed with text, case and NFKC forms."""
+    import hashlib
+    import unicodedata
+
+    from pipelines.preflight.duplicates import normalized_hash
+
+    spaces = "".join(chr(c) for c in range(0x110000) if re.match(r"\s", chr(c)))
+    assert spaces == "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+    for text in (f"{spaces}Ａb{spaces}C d\u00a0\u2028e{spaces}", "x" + "".join(f"{c}y{c}{c}" for c in spaces), ""):
+        norm = re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).lower()).strip()
+        assert normalized_hash(text) == hashlib.blake2b(norm.encode(), digest_size=16).hexdigest()

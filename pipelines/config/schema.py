@@ -45,7 +45,11 @@ class PreflightConfig(Section):
     shingle_words: PositiveInt = Field(5, description="Word n-gram size of MinHash shingles")
     action: Literal["fail", "decontaminate"] = Field(
         "fail", description="On overlap above the limit: fail the run, or drop contaminated val documents and go on")
-    workers: int | None = Field(None, gt=0, description="Processes/threads for hashing and MinHash; None = all cores")
+    workers: int | None = Field(
+        None, gt=0, description="Processes for preflight's shard scans (CLI) and its reduce's checks; None = all cores")
+    shard_bytes: PositiveInt = Field(
+        16 << 20, description="Target bytes of data files per preflight shard (one mapped Airflow task each; "
+        "content-defined boundaries, 0.5x to 2x the target; a shard never spans both splits)")
 
 
 class TokenizerConfig(Section):

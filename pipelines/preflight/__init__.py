@@ -1,46 +1,35 @@
 """Preflight: the data gate that runs before any compute is spent.
 
-Each check is a function ``(cfg, run_dir) -> CheckResult`` saved under
-``<run>/preflight/checks/``; ``gate`` folds them into ``<run>/preflight/report.json`` (schema:
-docs/preflight.md). Airflow runs one task per check; the CLI and tests call ``run``.
+Three steps (docs/preflight.md): ``plan`` cuts the corpus into shards (``shards.py``); ``scan``
+reads each shard's files once and computes what every check needs, cached by content; the reduce
+judges the four checks from the shard results and saves them under ``<run>/preflight/checks/``
+(``reduce.py``); ``gate`` folds them into ``<run>/preflight/report.json``. Airflow runs the scans
+as mapped tasks (``plan_shards``, ``scan_shard``, ``reduce_and_gate``); the CLI and tests call
+``run``, which scans on forked worker processes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
 from pathlib import Path
 
 from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import decontaminate
-from pipelines.preflight.documents_check import check_documents
-from pipelines.preflight.duplicates import check_duplicates
-from pipelines.preflight.manifest_check import check_manifest
-from pipelines.preflight.overlap import check_overlap
+from pipelines.preflight.forked import split_map
+from pipelines.preflight.overlap import warm as warm_overlap
+from pipelines.preflight.reduce import documents_process, reduce
 from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
+from pipelines.preflight.shards import ShardResult, load, plan, read_plan, scan, write_plan
 from pipelines.run_folder import RunFolder
 from trainer import fsio
 
 log = logging.getLogger("taxiway.preflight")
 
-CHECKS: dict[str, Callable[[RunConfig, Path], CheckResult]] = {
-    "manifest": lambda cfg, run_dir: check_manifest(cfg),
-    "documents": lambda cfg, run_dir: check_documents(cfg),
-    "duplicates": lambda cfg, run_dir: check_duplicates(cfg),
-    "overlap": lambda cfg, run_dir: check_overlap(cfg, RunFolder(run_dir).overlap_plot),
-}
-assert tuple(CHECKS) == CHECK_NAMES
-
-
-def run_check(name: str, cfg: RunConfig, run_dir: Path) -> CheckResult:
-    result = CHECKS[name](cfg, Path(run_dir))
-    fsio.write_json(RunFolder(run_dir).preflight_check(name), result.to_json())
-    return result
-
 
 def _load(run_dir: Path) -> dict[str, CheckResult]:
     out = {}
-    for name in CHECKS:
+    for name in CHECK_NAMES:
         path = RunFolder(run_dir).preflight_check(name)
         out[name] = (CheckResult.load(path) if path.exists()
                      else CheckResult(name, False, "check did not run (it raised; see its log)", {}))
@@ -87,12 +76,47 @@ def gate(cfg: RunConfig, run_dir: Path) -> Report:
     return report
 
 
-def run(cfg: RunConfig, run_dir: Path) -> Report:
-    """All checks, then the gate. Results of an earlier attempt are removed first."""
+def _workers(cfg: RunConfig, workers: int | None) -> int:
+    return workers or cfg.preflight.workers or os.cpu_count() or 1
+
+
+def plan_shards(cfg: RunConfig, run_dir: Path) -> list[int]:
+    """Remove an earlier attempt's results, cut the corpus into shards and save the plan; the
+    shard ids (what the Airflow scan tasks map over)."""
     folder = RunFolder(run_dir)
-    for stale in [*map(folder.preflight_check, CHECKS), folder.preflight_report, folder.effective_data]:
+    for stale in [*map(folder.preflight_check, CHECK_NAMES), folder.preflight_report, folder.effective_data,
+                  folder.preflight_shards]:
         stale.unlink(missing_ok=True)
-    for name in CHECKS:
-        result = run_check(name, cfg, run_dir)
-        log.info("[%s] %s: %s", "ok" if result.passed else "FAIL", name, result.message)
+    shards = plan(cfg)
+    write_plan(run_dir, shards)
+    log.info("%d shard(s): %s", len(shards), ", ".join(f"{s.split} {len(s.files)} files {s.bytes} B" for s in shards))
+    return [s.id for s in shards]
+
+
+def scan_shard(cfg: RunConfig, run_dir: Path, shard_id: int) -> ShardResult:
+    """One shard of the saved plan, scanned (or loaded from the cache)."""
+    return scan(cfg, read_plan(run_dir)[shard_id])
+
+
+def reduce_and_gate(cfg: RunConfig, run_dir: Path, keys: list[str], workers: int | None = None) -> Report:
+    """The checks judged from the cached shard results ``keys`` (in shard order), then the gate."""
+    with documents_process(cfg, _workers(cfg, workers)) as documents:
+        reduce(cfg, run_dir, read_plan(run_dir), [load(k) for k in keys], documents)
+    return gate(cfg, run_dir)
+
+
+def run(cfg: RunConfig, run_dir: Path, workers: int | None = None) -> Report:
+    """Plan, scan every shard on ``workers`` forked processes (largest first, so the last ones
+    to finish are small), reduce, gate. The documents check's process starts first, so its
+    imports overlap the scans, and this process imports what the overlap check needs while the
+    other workers start scanning."""
+    workers = _workers(cfg, workers)
+    with documents_process(cfg, workers) as documents:
+        plan_shards(cfg, run_dir)
+        shards = read_plan(run_dir)
+        order = sorted(range(len(shards)), key=lambda i: -shards[i].bytes)
+        results: dict[int, ShardResult] = {}
+        for j, result in split_map(lambda i: scan(cfg, shards[i]), order, workers, before=warm_overlap):
+            results[order[j]] = result
+        reduce(cfg, run_dir, shards, [results[i] for i in range(len(shards))], documents)
     return gate(cfg, run_dir)

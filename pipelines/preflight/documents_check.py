@@ -1,6 +1,7 @@
 """Document-level data expectations, run with Great Expectations (ephemeral context).
 
-Every document becomes a row (split, file, doc id, bytes, characters, reading problem); a suite
+Every document becomes a row (split, doc id, bytes, characters, reading problem; made by the
+shard scans, ``shards.py``); a suite
 built from the config states what a usable corpus looks like. GE's own logging and progress
 bars are silenced; its full validation result is kept in the report.
 """
@@ -13,23 +14,9 @@ from typing import Any
 
 from pipelines import manifest
 from pipelines.config import RunConfig
-from pipelines.documents import records, split_files
-from pipelines.preflight.overlap import file_key, record_key
 from pipelines.preflight.report import CheckResult
 
 _MAX_NAMED = 10
-
-
-def document_rows(cfg: RunConfig) -> list[dict[str, Any]]:
-    root = manifest.root_of(cfg.data.manifest)
-    rows = []
-    for split in manifest.SPLITS:
-        for loc in split_files(getattr(cfg.data, split)):
-            key = file_key(loc, root)
-            for rec in records(loc, cfg.data.format):
-                rows.append({"split": split, "doc_id": record_key(rec, key), "n_bytes": rec.n_bytes,
-                             "n_chars": len(rec.text) if rec.text is not None else None, "problem": rec.problem})
-    return rows
 
 
 def _suite(cfg: RunConfig):
@@ -57,6 +44,13 @@ def _quiet_ge() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("great_expectations"):
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def warm(cfg: RunConfig) -> None:
+    """Import GE and run its lazy first-use setup on one row: that, not validating the corpus's
+    rows, is most of the check's time, so the stage does it in a process of its own while the
+    shards are scanned."""
+    validate([{"split": "train", "doc_id": "warm", "n_bytes": 1, "n_chars": 1, "problem": None}], cfg)
 
 
 def validate(rows: list[dict[str, Any]], cfg: RunConfig) -> dict[str, Any]:
@@ -96,8 +90,8 @@ def _failures(result: dict[str, Any], counts: dict[str, int]) -> list[str]:
     return out
 
 
-def check_documents(cfg: RunConfig) -> CheckResult:
-    rows = document_rows(cfg)
+def check_documents(cfg: RunConfig, rows: list[dict[str, Any]]) -> CheckResult:
+    """``rows``: one per document of both splits, in file order, as the shard scans made them."""
     result = validate(rows, cfg)
     counts = {s: sum(r["split"] == s for r in rows) for s in manifest.SPLITS}
     failures = _failures(result, counts)

@@ -9,47 +9,40 @@ train document is listed (decontamination drops them all).
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
+from collections.abc import Iterable
 
 from pipelines import manifest
 from pipelines.config import RunConfig
-from pipelines.documents import records, split_files
-from pipelines.preflight.overlap import file_key, record_key
 from pipelines.preflight.report import CheckResult
 
-_SPACE = re.compile(r"\s+")
 _MAX_LISTED = 50
 
 
 def normalized_hash(text: str) -> str:
-    norm = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    """Whitespace runs (``str.isspace``: the characters ``re``'s ``\\s`` matches, a test checks every
+    code point) become one space, the ends none: ``split``/``join`` costs a quarter of ``re.sub``."""
+    norm = " ".join(unicodedata.normalize("NFKC", text).lower().split())
     return hashlib.blake2b(norm.encode(), digest_size=16).hexdigest()
 
 
-def check_duplicates(cfg: RunConfig) -> CheckResult:
-    root = manifest.root_of(cfg.data.manifest)
+def check_duplicates(cfg: RunConfig, docs: Iterable[tuple[str, str, str]]) -> CheckResult:
+    """``docs``: (split, doc id, normalized hash) of every readable document, train then val, in file order."""
     first: dict[str, dict[str, str]] = {s: {} for s in manifest.SPLITS}
     within: dict[str, list[dict[str, str]]] = {s: [] for s in manifest.SPLITS}
     totals = {s: 0 for s in manifest.SPLITS}
     across: list[dict[str, str]] = []   # every val document that copies a train document, repeats included
     within_val_of_train = 0             # within-val duplicates that also copy train (decontamination drops them)
-    for split in manifest.SPLITS:
-        for loc in split_files(getattr(cfg.data, split)):
-            fkey = file_key(loc, root)
-            for rec in records(loc, cfg.data.format):
-                if rec.text is None:
-                    continue
-                totals[split] += 1
-                key, digest = record_key(rec, fkey), normalized_hash(rec.text)
-                copies_train = split == "val" and digest in first["train"]  # train is complete by now
-                if copies_train:
-                    across.append({"val": key, "train": first["train"][digest]})
-                if digest in first[split]:
-                    within[split].append({"doc": key, "duplicate_of": first[split][digest]})
-                    within_val_of_train += copies_train
-                else:
-                    first[split][digest] = key
+    for split, key, digest in docs:
+        totals[split] += 1
+        copies_train = split == "val" and digest in first["train"]  # train is complete by now
+        if copies_train:
+            across.append({"val": key, "train": first["train"][digest]})
+        if digest in first[split]:
+            within[split].append({"doc": key, "duplicate_of": first[split][digest]})
+            within_val_of_train += copies_train
+        else:
+            first[split][digest] = key
     fractions = {s: len(within[s]) / max(1, totals[s]) for s in manifest.SPLITS}
     across_fraction = len(across) / max(1, totals["val"])
     limit_dup, limit_overlap = cfg.preflight.max_duplicate_fraction, cfg.preflight.max_overlap_fraction

@@ -20,7 +20,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pipelines.errors import Transient
 
@@ -57,8 +57,12 @@ class _Counter:
             lock.release()
 
 
-def split_map(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[tuple[int, R]]:
-    """``(i, fn(items[i]))`` for every item, in completion order, on ``workers`` processes."""
+def split_map(fn: Callable[[T], R], items: list[T], workers: int,
+              before: Callable[[], Any] | None = None) -> Iterator[tuple[int, R]]:
+    """``(i, fn(items[i]))`` for every item, in completion order, on ``workers`` processes.
+    ``before``: a head start on the caller's own later work (imports), done once the children
+    have started on the jobs, in place of jobs the caller would have claimed; skipped when there
+    are no children (there is nothing to overlap it with)."""
     workers = min(workers, len(items))
     if workers <= 1:
         yield from enumerate(map(fn, items))
@@ -74,6 +78,8 @@ def split_map(fn: Callable[[T], R], items: list[T], workers: int) -> Iterator[tu
                 _child(fn, items, jobs, send)
             send.close()
             children[pid] = recv
+        if before is not None:
+            before()
         while (i := jobs.claim()) is not None:
             yield i, fn(items[i])
             yield from _collect(children, block=False)
@@ -130,3 +136,78 @@ def _describe(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+class Ahead(Generic[R]):
+    """One job whose warm-up (imports, first-use setup) starts now, in a forked child, while the
+    caller does other work; the job's input is sent later, its result comes back. With ``enabled``
+    False (one worker) nothing is forked and there is nothing to warm up ahead of: ``result`` runs
+    the job in the caller.
+
+    A child's exception is re-raised by ``result``; the child is killed and reaped by ``close``.
+    """
+
+    def __init__(self, warm_up: Callable[[], Any], job: Callable[[Any], R], enabled: bool) -> None:
+        self.warm_up, self.job, self.pid = warm_up, job, None
+        self.arg: Any = None
+        if enabled:
+            self.conn, child = multiprocessing.Pipe(duplex=True)
+            self.pid = os.fork()
+            if self.pid == 0:
+                self.conn.close()
+                self._child(child)
+            child.close()
+
+    def _child(self, conn: Connection) -> None:
+        code = 0
+        try:
+            self.warm_up()
+            conn.send(self.job(conn.recv()))
+        except EOFError:  # the caller went away without sending the input
+            pass
+        except BaseException as exc:  # noqa: BLE001 — everything goes back to the caller
+            code = 1
+            try:
+                conn.send(_Failed(exc))
+            except Exception:  # noqa: BLE001 — an exception that does not pickle
+                conn.send(_Failed(RuntimeError(repr(exc))))
+        finally:
+            os._exit(code)
+
+    def submit(self, arg: Any) -> None:
+        if self.pid is None:
+            self.arg = arg
+            return
+        try:
+            self.conn.send(arg)
+        except (BrokenPipeError, ConnectionResetError):  # the child died: ``result`` says how
+            pass
+
+    def result(self) -> R:
+        if self.pid is None:
+            return self.job(self.arg)
+        try:
+            msg = self.conn.recv()
+        except (EOFError, ConnectionResetError):
+            _, status = os.waitpid(self.pid, 0)
+            self.pid = None
+            raise Transient(f"worker process died without a result ({_describe(status)})") from None
+        if isinstance(msg, _Failed):
+            raise msg.exc
+        return msg
+
+    def close(self) -> None:
+        if self.pid is not None:
+            self.conn.close()
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+            self.pid = None
+
+    def __enter__(self) -> Ahead[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

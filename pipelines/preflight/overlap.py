@@ -193,10 +193,18 @@ def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: stor
 
 
 def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | None = None) -> CheckResult:
-    p = cfg.preflight
-    workers = workers or p.workers or os.cpu_count() or 1
+    """The overlap check alone, reading the corpus itself (the stage gets its signatures from the
+    shard scans instead: ``shards.py``, ``reduce.py``)."""
+    workers = workers or cfg.preflight.workers or os.cpu_count() or 1
     root = manifest.root_of(cfg.data.manifest)
     index, val = index_and_sign(cfg, root, workers)
+    return judge_overlap(cfg, index, val, root, plot_path)
+
+
+def judge_overlap(cfg: RunConfig, index: TrainIndex, val: Signed, root: storage.Location,
+                  plot_path: Path | None) -> CheckResult:
+    """LSH candidates of every val document, confirmed by exact Jaccard; the plot; the verdict."""
+    p = cfg.preflight
     if not val.ids:
         return CheckResult("overlap", False, "validation split has no readable documents", {})
     candidates, best = index.candidates(val, p.overlap_jaccard - _PREFILTER)
@@ -215,7 +223,20 @@ def check_overlap(cfg: RunConfig, plot_path: Path | None = None, workers: int | 
         "lsh_bands": b, "lsh_rows": r})
 
 
+def warm() -> None:
+    """Import what judging the overlap needs (datasketch, matplotlib) and draw one throwaway plot
+    (matplotlib loads fonts and its math-text parser on first use): about a second, spent by a
+    caller that has time to spare before it judges (``preflight.run``, while shards are scanned)."""
+    import datasketch  # noqa: F401
+
+    _png(np.zeros(1), 0.5)
+
+
 def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
+    fsio.write_bytes(path, _png(best, threshold))
+
+
+def _png(best: np.ndarray, threshold: float) -> bytes:
     """Histogram of each val document's best estimated Jaccard against train."""
     import matplotlib
 
@@ -233,4 +254,4 @@ def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    fsio.write_bytes(path, buf.getvalue())
+    return buf.getvalue()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-CHECK_NAMES = ("manifest", "documents", "duplicates", "overlap")  # one Airflow task each
+CHECK_NAMES = ("manifest", "documents", "duplicates", "overlap")  # one checks/<name>.json each
 
 
 def utc_now() -> str:

@@ -100,7 +100,7 @@ def advice(stage: str, task_id: str, kind: str, reason: str, run_folder: str, tr
     if stage == "preflight":
         if match := _MANIFEST_LINE.search(reason):
             return f"fix the manifest {match.group(1)} line {match.group(2)} and trigger a new run"
-        if task_id.endswith(".manifest") or "manifest:" in reason:
+        if "manifest:" in reason:  # the gate's failing checks, one per "check: problems"
             return ("make the data and its manifest agree (fix the file named above, or rewrite the manifest with "
                     "`taxiway manifest DATA_DIR`) and trigger a new run")
         return (f"fix the data named above (preflight report: {run_folder}/preflight/report.md) and trigger a "

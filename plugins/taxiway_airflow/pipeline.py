@@ -9,7 +9,6 @@ from typing import Any
 
 from airflow.sdk import TaskGroup
 
-from pipelines.preflight.report import CHECK_NAMES
 from taxiway_airflow import tasks
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
 from taxiway_airflow.operators.gang import TrainGang
@@ -30,8 +29,9 @@ def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     """preflight → tokenize for the run folder XCom ``run``: what a sweep's members share. Returns
     the first and the last group."""
     with TaskGroup("preflight", **STAGES["preflight"]._asdict()) as preflight:
-        checks = [tasks.preflight_check.override(task_id=name)(name, run) for name in CHECK_NAMES]
-        checks >> tasks.preflight_gate.override(task_id="gate")(run)
+        shards = tasks.preflight_plan.override(task_id="plan")(run)
+        scanned = tasks.preflight_scan.override(task_id="scan").partial(run=run).expand(shard=shards)
+        tasks.preflight_gate.override(task_id="gate")(run, scanned)
 
     with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
         tasks.tokenize.override(task_id="pack")(run)

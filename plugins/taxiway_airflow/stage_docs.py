@@ -16,12 +16,15 @@ STAGES: dict[str, StageDoc] = {
     "preflight": StageDoc(
         "Data gate before any compute: manifest, documents, duplicates, train/val overlap",
         """**Preflight**: every data file checked against the manifest (count, bytes, sha256), document
-expectations, exact duplicates and MinHash train/val near-duplicates, one task per check; `gate`
-fails the run when a check fails (or drops contaminated val documents with
-`preflight.action: decontaminate`).
+expectations, exact duplicates and MinHash train/val near-duplicates. `plan` cuts the corpus into
+shards of about `preflight.shard_bytes`; `scan` (one mapped task per shard) reads each file once
+for every check, cached by content, so a retried or re-run shard is a cache hit; `gate` judges the
+checks from the shard results and fails the run when one fails, naming it and why (or drops
+contaminated val documents with `preflight.action: decontaminate`).
 
 Outputs: `<run>/preflight/report.json` and `report.md`, `overlap.png`, one `checks/<check>.json` per
-check, `clean/` (the decontaminated val split). Thresholds: the form's *Preflight gate* section.""",
+check, `plan.json` and `shards.json` (the shards and their cache keys), `clean/` (the decontaminated
+val split). Thresholds: the form's *Preflight gate* section.""",
     ),
     "tokenize": StageDoc(
         "Byte-level BPE and fixed-length packed windows, cached by content",

@@ -142,26 +142,37 @@ def assemble(run: dict[str, Any]) -> dict[str, Any]:
 
 @task(retries=2, **RETRY)
 @translated
-def preflight_check(check: str, run: dict[str, Any]) -> dict[str, Any]:
-    """One preflight check, so the UI shows which one failed; the gate still sees every result."""
+def preflight_plan(run: dict[str, Any]) -> list[int]:
+    """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each."""
     from pipelines import preflight, stages
 
     run_dir = _run_dir(run)
-    result = preflight.run_check(check, stages.load_run_config(run_dir), run_dir)
-    log.info("[%s] %s: %s", "ok" if result.passed else "FAIL", check, result.message)
-    if not result.passed:
-        raise CheckFailed(f"preflight check '{check}' failed: {result.message}")
-    return {"passed": result.passed, "message": result.message}
+    return preflight.plan_shards(stages.load_run_config(run_dir), run_dir)
 
 
-@task(retries=2, **RETRY, trigger_rule="all_done_min_one_success")
+@task(retries=2, **RETRY)
 @translated
-def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
-    """Fold the check results into ``preflight/report.json``; fail the run if any check failed."""
+def preflight_scan(shard: int, run: dict[str, Any]) -> dict[str, Any]:
+    """Read one shard's files once for every check; cached by content, so a retry is cheap."""
     from pipelines import preflight, stages
 
     run_dir = _run_dir(run)
-    report = preflight.gate(stages.load_run_config(run_dir), run_dir)
+    result = preflight.scan_shard(stages.load_run_config(run_dir), run_dir, shard)
+    log.info("shard %d (%s): %d file(s), %d document(s), %s %s", shard, result.split, len(result.files),
+             len(result.rows), "cache hit" if result.cache_hit else "scanned, cached as", result.key)
+    return {"shard": shard, "key": result.key, "cache_hit": result.cache_hit}
+
+
+@task(retries=2, **RETRY)
+@translated
+def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[str, Any]:
+    """Judge the checks from the shard results into ``preflight/report.json``; fail the run if any
+    check failed (the error and the log name each failed check and why)."""
+    from pipelines import preflight, stages
+
+    run_dir = _run_dir(run)
+    keys = [s["key"] for s in sorted(scanned, key=lambda s: s["shard"])]
+    report = preflight.reduce_and_gate(stages.load_run_config(run_dir), run_dir, keys)
     log.info("%s", report.summary())
     if not report.passed:
         raise CheckFailed(report.summary())
