@@ -8,6 +8,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       preflight/                     report.json, report.md, overlap.png, checks/<check>.json,
                                      clean/ (decontaminated val split), effective.json
       tokenize/packed.json           link to the packed dataset in the cache
+      tokenize/shards/NNNNN.json     the tokenize plan: one shard's tokenizer and file groups each
       parent/                        the parent model's weights when training continues one
       train/                         spec.json (the trainer's input), gang.json (gang handle),
                                      gang.lease, gang.canceled, logs/attempt-N/, smoke/,
@@ -106,6 +107,10 @@ class RunFolder:
     @property
     def packed_link(self) -> Path:
         return self.root / "tokenize" / "packed.json"
+
+    @property
+    def tokenize_shards(self) -> Path:
+        return self.root / "tokenize" / "shards"
 
     @property
     def parent(self) -> Path:

@@ -63,20 +63,59 @@ def preflight(cfg: RunConfig, run_dir: Path):
     return pf.run(cfg, run_dir)
 
 
-def tokenize(cfg: RunConfig, run_dir: Path):
-    """Packs the data the preflight gate let through (its decontaminated val split, if any),
-    with the parent model's tokenizer when training continues from a parent."""
-    from pipelines import tokenize as tk
+def tokenize_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """What tokenize packs: the data the preflight gate let through (its decontaminated val split,
+    if any), with the parent model's tokenizer when training continues from a parent."""
     from pipelines.preflight.decontaminate import effective_data
-    from pipelines.refresh import plan as refresh_plan
-    from pipelines.refresh import replay
-    from pipelines.refresh.assemble import fresh_config
 
     cfg = effective_data(cfg, run_dir)
     parent = parent_weights(cfg, RunFolder(run_dir).parent)
     if parent is not None:
         cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
             update={"path": str(parent_tokenizer(cfg, parent))})})
+    return cfg
+
+
+def tokenize_plan(cfg: RunConfig, run_dir: Path) -> list[dict[str, Any]]:
+    """Train or load the tokenizer and write the shards ``tokenize_shard`` encodes (``tokenize/shards/``)."""
+    from pipelines.tokenize import shards
+
+    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards)
+
+
+def tokenize_shard(run_dir: Path, index: int, threads: int = 1) -> dict[str, Any]:
+    """Encode one shard of the plan into the token cache (one thread: shards scale over processes)."""
+    from pipelines.tokenize import shards
+
+    return shards.encode(RunFolder(run_dir).tokenize_shards, index, threads)
+
+
+def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
+    """``tokenize`` with the encoding spread over ``workers`` processes of one thread each (one:
+    this process), as the mapped tasks spread it over Airflow workers; then packs."""
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+    from multiprocessing import get_context
+
+    shards = tokenize_plan(cfg, run_dir)
+    if workers == 1:
+        encoded = [tokenize_shard(run_dir, s["shard"]) for s in shards]
+    else:  # spawn: the parent may hold HF's thread pool (it trained the tokenizer), which fork would copy broken
+        with ProcessPoolExecutor(min(workers, len(shards)) or 1, mp_context=get_context("spawn")) as pool:
+            encoded = list(pool.map(partial(tokenize_shard, run_dir), [s["shard"] for s in shards]))
+    log.info("%d shard(s) on %d process(es): %d group(s) encoded, %d cached", len(shards), workers,
+             sum(e["encoded"] for e in encoded), sum(e["cached"] for e in encoded))
+    return tokenize(cfg, run_dir)
+
+
+def tokenize(cfg: RunConfig, run_dir: Path):
+    """Packs ``tokenize_data``; the groups ``tokenize_shard`` encoded are read from the cache."""
+    from pipelines import tokenize as tk
+    from pipelines.refresh import plan as refresh_plan
+    from pipelines.refresh import replay
+    from pipelines.refresh.assemble import fresh_config
+
+    cfg = tokenize_data(cfg, run_dir)
     plan = refresh_plan.of_run(run_dir)
     if plan is None:
         return tk.run(cfg, run_dir)

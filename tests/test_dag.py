@@ -25,6 +25,10 @@ def test_dag_folder_has_no_import_errors():
     order = [g for i, g in enumerate(groups) if g not in groups[:i]]
     assert order == ["resolve_config", "preflight", "tokenize", "train", "evaluate", "register"]
     assert {f"preflight.{c}" for c in ("manifest", "documents", "duplicates", "overlap", "gate")} <= set(dag.task_ids)
+    # tokenize: the tokenizer and the plan, one mapped task per shard, then the reduce that packs
+    shard = dag.get_task("tokenize.shard")
+    assert shard.upstream_task_ids == {"tokenize.tokenizer", "resolve_config"}
+    assert shard.get_needs_expansion() and shard.downstream_task_ids == {"tokenize.pack"}
 
 
 def test_dag_module_imports_nothing_heavy():

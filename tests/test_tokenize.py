@@ -354,3 +354,42 @@ def test_groups_encoded_ahead_equal_groups_encoded_one_at_a_time(tmp_path: Path,
         assert stream.tokens.tolist() == expected
         assert stream.starts.tolist() == np.cumsum([0] + [len(tok.encode(t, add_special_tokens=False).ids) + 1
                                                           for t in texts[:-1]]).tolist()
+
+
+def _packed_files(packed) -> dict[str, str]:
+    """sha256 of every file of a packed dataset; of its manifest, all but ``stats`` (timings, reuse)."""
+    files = {str(p.relative_to(packed.path)): fsio.sha256_file(p) for p in sorted(packed.path.rglob("*"))
+             if p.is_file() and p.name != "manifest.json"}
+    return {**files, "manifest.json": {k: v for k, v in packed.manifest().items() if k != "stats"}}
+
+
+def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path: Path, monkeypatch):
+    """The mapped tokenize (plan, three shard tasks, pack) gives the unsharded dataset byte for byte
+    under the same key; the pack only packs, and a re-run shard finds every group cached."""
+    from pipelines import stages
+    from pipelines.tokenize import groups
+
+    monkeypatch.setattr(groups, "_SPREAD", 4)  # about a dozen groups in this small corpus, not 2
+    cfg = _cfg(corpus, "pack.shard_bytes=1500")
+    for home in ("unsharded", "sharded"):  # a cache each: the sharded run reuses nothing of the other
+        monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / home))
+        stages.prepare(cfg, tmp_path / home / "run")
+    run_a, run_b = tmp_path / "unsharded" / "run", tmp_path / "sharded" / "run"
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "unsharded"))
+    whole = stages.tokenize(cfg, run_a)
+
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "sharded"))
+    shards = stages.tokenize_plan(cfg, run_b)
+    assert len(shards) == 3 and all(s["groups"] for s in shards), shards
+    stats = [stages.tokenize_shard(run_b, s["shard"]) for s in shards]
+    assert [s["encoded"] for s in stats] == [s["groups"] for s in shards] and all(s["tokens"] for s in stats)
+    packed = stages.tokenize(cfg, run_b)
+    m = packed.manifest()["stats"]
+    assert not packed.cache_hit and m["groups_reused"] == m["groups"] == sum(s["groups"] for s in shards)
+    assert packed.key == whole.key
+    assert packed.path.relative_to(tmp_path / "sharded") == whole.path.relative_to(tmp_path / "unsharded")
+    ours = _packed_files(packed)
+    assert ours == _packed_files(whole) and {"train/tokens-00000.npy", "val/docs-00000.npy"} <= set(ours)
+
+    again = stages.tokenize_shard(run_b, 1)
+    assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0

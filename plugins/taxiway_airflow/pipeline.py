@@ -33,7 +33,9 @@ def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
         checks >> tasks.preflight_gate.override(task_id="gate")(run)
 
     with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
-        tasks.tokenize.override(task_id="pack")(run)
+        shards = tasks.tokenize_plan.override(task_id="tokenizer")(run)
+        encoded = tasks.tokenize_shard.override(task_id="shard").partial(run=run).expand(shard=shards)
+        encoded >> tasks.tokenize.override(task_id="pack")(run)
 
     with TaskGroup("train", **STAGES["train"]._asdict()) as train:
         if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
