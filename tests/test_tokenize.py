@@ -393,3 +393,17 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
 
     again = stages.tokenize_shard(run_b, 1)
     assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
+
+
+def test_shards_on_two_processes_equal_the_unsharded_pack(corpus: Path, tmp_path: Path, monkeypatch):
+    """``taxiway tokenize --workers 2``'s path: the shards encoded by two spawned processes."""
+    from pipelines import stages
+
+    whole = stages.tokenize(_cfg(corpus), tmp_path / "run-a")
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "two"))
+    cfg = _cfg(corpus, "pack.shard_bytes=1")  # one group a shard
+    stages.prepare(cfg, tmp_path / "run-b")
+    packed = stages.tokenize_on(cfg, tmp_path / "run-b", 2)
+    stats = packed.manifest()["stats"]
+    assert packed.key == whole.key and stats["groups_reused"] == stats["groups"] > 1, stats
+    assert _packed_files(packed) == _packed_files(whole)
