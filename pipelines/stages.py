@@ -100,8 +100,10 @@ def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
     shards = tokenize_plan(cfg, run_dir)
     if workers == 1:
         encoded = [tokenize_shard(run_dir, s["shard"]) for s in shards]
-    else:  # spawn: the parent may hold HF's thread pool (it trained the tokenizer), which fork would copy broken
-        with ProcessPoolExecutor(min(workers, len(shards)) or 1, mp_context=get_context("spawn")) as pool:
+    else:  # fork: the workers start without importing anything again (spawn cost ~0.5 s of a few-second stage);
+        # safe here: the parent has started no encoder, and the workers encode on their own fresh threads
+        # (tiktoken, or HF's single-document encode, never HF's batch pool the parent may have used to train)
+        with ProcessPoolExecutor(min(workers, len(shards)) or 1, mp_context=get_context("fork")) as pool:
             encoded = list(pool.map(partial(tokenize_shard, run_dir), [s["shard"] for s in shards]))
     log.info("%d shard(s) on %d process(es): %d group(s) encoded, %d cached", len(shards), workers,
              sum(e["encoded"] for e in encoded), sum(e["cached"] for e in encoded))

@@ -395,14 +395,20 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
     assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
 
 
+@pytest.mark.timeout(120)
 def test_shards_on_two_processes_equal_the_unsharded_pack(corpus: Path, tmp_path: Path, monkeypatch):
-    """``taxiway tokenize --workers 2``'s path: the shards encoded by two spawned processes."""
+    """``taxiway tokenize --workers 2``'s path: the shards encoded by two forked processes, after
+    this process encoded one itself (a forked worker must not use the encoder it inherits: its
+    thread pool has no threads there, and the worker would wait forever)."""
     from pipelines import stages
 
-    whole = stages.tokenize(_cfg(corpus), tmp_path / "run-a")
+    whole = stages.tokenize(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), tmp_path / "run-a")
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "two"))
-    cfg = _cfg(corpus, "pack.shard_bytes=1")  # one group a shard
+    cfg = _cfg(corpus, f"tokenizer.path={_tokenizer_file()}", "pack.shard_bytes=1")  # one group a shard
     stages.prepare(cfg, tmp_path / "run-b")
+    stages.tokenize_plan(cfg, tmp_path / "run-b")
+    assert stages.tokenize_shard(tmp_path / "run-b", 0)["encoded"] == 1
+    shutil.rmtree(tmp_path / "two" / "cache" / "tokens")
     packed = stages.tokenize_on(cfg, tmp_path / "run-b", 2)
     stats = packed.manifest()["stats"]
     assert packed.key == whole.key and stats["groups_reused"] == stats["groups"] > 1, stats

@@ -13,7 +13,9 @@ tokenizer and its groups' files, so a shard task reads only its own part of a la
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -64,6 +66,18 @@ def plan(cfg: RunConfig, folder: Path) -> list[dict[str, Any]]:
     return summary
 
 
+@functools.lru_cache(maxsize=1)
+def _encoder(path: str, sha256: str, eos_token: str, threads: int) -> tuple[int, engine.Encoder]:
+    """The EOS id and the batch encoder, built once per process (a ``--workers`` process encodes
+    many shards; building one costs about 0.1 s); keyed by the tokenizer's sha256 too."""
+    tok = bpe.load(path, eos_token)
+    return tok.token_to_id(eos_token), engine.batch_encoder(tok, path, threads)
+
+
+# a forked worker must build its own: an inherited encoder's thread pool has no threads in the child
+os.register_at_fork(after_in_child=_encoder.cache_clear)
+
+
 def encode(folder: Path, index: int, threads: int = 1) -> dict[str, Any]:
     """Encode shard ``index`` of the plan in ``folder`` into the token cache on ``threads`` threads;
     what it found cached and what it encoded."""
@@ -78,9 +92,8 @@ def encode(folder: Path, index: int, threads: int = 1) -> dict[str, Any]:
     todo = [g for g in groups if not (cache.tokens(group_key(g, tok_sha, fmt, dtype)) / "meta.json").is_file()]
     encoded = documents = tokens = 0
     if todo:
-        tok = bpe.load(shard["tokenizer"], shard["eos_token"])
-        encoder = engine.batch_encoder(tok, shard["tokenizer"], threads)
-        for stream in tokenize_groups(todo, encoder, tok_sha, tok.token_to_id(shard["eos_token"]), dtype, fmt, cache):
+        eos, encoder = _encoder(shard["tokenizer"], tok_sha, shard["eos_token"], threads)
+        for stream in tokenize_groups(todo, encoder, tok_sha, eos, dtype, fmt, cache):
             if not stream.cache_hit:  # else another process cached the group meanwhile
                 encoded, documents, tokens = encoded + 1, documents + len(stream.starts), tokens + len(stream.tokens)
     return {"shard": index, "groups": len(groups), "cached": len(groups) - encoded, "encoded": encoded,
