@@ -83,11 +83,11 @@ def tokenize_plan(cfg: RunConfig, run_dir: Path) -> list[dict[str, Any]]:
     return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards)
 
 
-def tokenize_shard(run_dir: Path, index: int, threads: int = 1) -> dict[str, Any]:
-    """Encode one shard of the plan into the token cache (one thread: shards scale over processes)."""
+def tokenize_shard(run_dir: Path, index: int) -> dict[str, Any]:
+    """Encode one shard of the plan into the token cache (on one thread: shards scale over processes)."""
     from pipelines.tokenize import shards
 
-    return shards.encode(RunFolder(run_dir).tokenize_shards, index, threads)
+    return shards.encode(RunFolder(run_dir).tokenize_shards, index)
 
 
 def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
@@ -101,8 +101,8 @@ def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
     if workers == 1:
         encoded = [tokenize_shard(run_dir, s["shard"]) for s in shards]
     else:  # fork: the workers start without importing anything again (spawn cost ~0.5 s of a few-second stage);
-        # safe here: the parent has started no encoder, and the workers encode on their own fresh threads
-        # (tiktoken, or HF's single-document encode, never HF's batch pool the parent may have used to train)
+        # safe here: a worker builds its own encoder on its own threads (never one the parent built) and
+        # encodes with tiktoken or HF's single-document encode, never HF's pool the parent may have trained on
         with ProcessPoolExecutor(min(workers, len(shards)) or 1, mp_context=get_context("fork")) as pool:
             encoded = list(pool.map(partial(tokenize_shard, run_dir), [s["shard"] for s in shards]))
     log.info("%d shard(s) on %d process(es): %d group(s) encoded, %d cached", len(shards), workers,

@@ -215,9 +215,9 @@ def test_fast_engine_gives_hfs_ids(texts: list[str]):
     from pipelines.tokenize.engine import batch_encoder
 
     tok = load(_tokenizer_file(), "<|endoftext|>")
-    encode = batch_encoder(tok, _tokenizer_file())
-    assert encode.__name__ == "tiktoken_bpe"
-    assert encode(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    encode, one_thread = batch_encoder(tok, _tokenizer_file()), batch_encoder(tok, _tokenizer_file(), threads=1)
+    assert encode.__name__ == one_thread.__name__ == "tiktoken_bpe"
+    assert encode(texts) == one_thread(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
 def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: Path):
@@ -231,8 +231,10 @@ def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: P
     tok.save(str(tmp_path / "tokenizer.json"))
     tok = load(tmp_path / "tokenizer.json", "<|endoftext|>")
     encode = batch_encoder(tok, tmp_path / "tokenizer.json")
-    assert encode.__name__ == "hf_tokenizers"
-    assert encode(["Hello World"]) == [tok.encode("Hello World", add_special_tokens=False).ids]
+    one_thread = batch_encoder(tok, tmp_path / "tokenizer.json", threads=1)  # a shard task's: document by document
+    assert encode.__name__ == one_thread.__name__ == "hf_tokenizers"
+    texts = ["Hello World", *DOCS["val"], "<|endoftext|> as text"]
+    assert encode(texts) == one_thread(texts) == [tok.encode(t, add_special_tokens=False).ids for t in texts]
     assert encode(["Hello World"]) == encode(["hello world"])  # the normalizer ran: HF did the encoding
 
 

@@ -67,20 +67,21 @@ def plan(cfg: RunConfig, folder: Path) -> list[dict[str, Any]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _encoder(path: str, sha256: str, eos_token: str, threads: int) -> tuple[int, engine.Encoder]:
-    """The EOS id and the batch encoder, built once per process (a ``--workers`` process encodes
-    many shards; building one costs about 0.1 s); keyed by the tokenizer's sha256 too."""
+def _encoder(path: str, sha256: str, eos_token: str) -> tuple[int, engine.Encoder]:
+    """The EOS id and a one-thread batch encoder, built once per process (a ``--workers`` process
+    encodes many shards; building one costs about 0.1 s); keyed by the tokenizer's sha256 too."""
     tok = bpe.load(path, eos_token)
-    return tok.token_to_id(eos_token), engine.batch_encoder(tok, path, threads)
+    return tok.token_to_id(eos_token), engine.batch_encoder(tok, path, threads=1)
 
 
 # a forked worker must build its own: an inherited encoder's thread pool has no threads in the child
 os.register_at_fork(after_in_child=_encoder.cache_clear)
 
 
-def encode(folder: Path, index: int, threads: int = 1) -> dict[str, Any]:
-    """Encode shard ``index`` of the plan in ``folder`` into the token cache on ``threads`` threads;
-    what it found cached and what it encoded."""
+def encode(folder: Path, index: int) -> dict[str, Any]:
+    """Encode shard ``index`` of the plan in ``folder`` into the token cache on one thread (N shard
+    tasks on N cores scale; all threads in each would fight over the cores); what it found cached
+    and what it encoded."""
     started = time.perf_counter()
     path = folder / f"{index:05d}.json"
     if not path.is_file():
@@ -92,7 +93,7 @@ def encode(folder: Path, index: int, threads: int = 1) -> dict[str, Any]:
     todo = [g for g in groups if not (cache.tokens(group_key(g, tok_sha, fmt, dtype)) / "meta.json").is_file()]
     encoded = documents = tokens = 0
     if todo:
-        eos, encoder = _encoder(shard["tokenizer"], tok_sha, shard["eos_token"], threads)
+        eos, encoder = _encoder(shard["tokenizer"], tok_sha, shard["eos_token"])
         for stream in tokenize_groups(todo, encoder, tok_sha, eos, dtype, fmt, cache):
             if not stream.cache_hit:  # else another process cached the group meanwhile
                 encoded, documents, tokens = encoded + 1, documents + len(stream.starts), tokens + len(stream.tokens)
