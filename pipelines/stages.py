@@ -76,11 +76,12 @@ def tokenize_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
     return cfg
 
 
-def tokenize_plan(cfg: RunConfig, run_dir: Path) -> list[dict[str, Any]]:
-    """Train or load the tokenizer and write the shards ``tokenize_shard`` encodes (``tokenize/shards/``)."""
+def tokenize_plan(cfg: RunConfig, run_dir: Path, max_shards: int | None = None) -> list[dict[str, Any]]:
+    """Train or load the tokenizer and write the shards ``tokenize_shard`` encodes (``tokenize/shards/``),
+    at most ``max_shards`` of them."""
     from pipelines.tokenize import shards
 
-    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards)
+    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards, max_shards)
 
 
 def tokenize_shard(run_dir: Path, index: int) -> dict[str, Any]:

@@ -44,13 +44,19 @@ def cut(groups: list[list[FileRef]], sizes: list[int], shard_bytes: int) -> list
     return shards + ([current] if current else [])
 
 
-def plan(cfg: RunConfig, folder: Path) -> list[dict[str, Any]]:
+def plan(cfg: RunConfig, folder: Path, max_shards: int | None = None) -> list[dict[str, Any]]:
     """Train or load the tokenizer, cut both splits' groups into shards and write one file per shard
-    into ``folder`` (replacing an earlier plan whole); returns each shard's index, groups and bytes."""
+    into ``folder`` (replacing an earlier plan whole); returns each shard's index, groups and bytes.
+    At most ``max_shards`` (Airflow fails a task mapped wider than ``[core] max_map_length``):
+    past it, the shards grow beyond ``pack.shard_bytes``."""
     data = inputs(cfg)
     groups = [g for split in manifest.SPLITS for g in data.groups.get(split, [])]
     sizes = [sum(data.bytes[f.path] if f.path in data.bytes else storage.size(f.loc) for f in g) for g in groups]
-    shards = cut(groups, sizes, cfg.pack.shard_bytes)
+    target = cfg.pack.shard_bytes
+    shards = cut(groups, sizes, target)
+    while max_shards and len(shards) > max_shards:  # whole groups: an even split may need a little more
+        target = max(-(-sum(sizes) // max_shards), target + target // 8)
+        shards = cut(groups, sizes, target)
     header = {"tokenizer": str(data.tok_path), "tokenizer_sha256": data.tok_sha,
               "eos_token": cfg.tokenizer.eos_token, "dtype": data.dtype.name, "format": cfg.data.format}
     summary, first = [], 0

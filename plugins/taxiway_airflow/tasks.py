@@ -172,11 +172,14 @@ def preflight_gate(run: dict[str, Any]) -> dict[str, Any]:
 @translated
 def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Train or load the tokenizer (cached by content) and cut the data into the shards the mapped
-    ``shard`` tasks encode; returns one small record per shard (the plan itself is in the run folder)."""
+    ``shard`` tasks encode, no more than Airflow maps (``[core] max_map_length``); returns one small
+    record per shard (the plan itself is in the run folder)."""
+    from airflow.sdk.configuration import conf
+
     from pipelines import stages
 
     run_dir = _run_dir(run)
-    shards = stages.tokenize_plan(stages.load_run_config(run_dir), run_dir)
+    shards = stages.tokenize_plan(stages.load_run_config(run_dir), run_dir, conf.getint("core", "max_map_length"))
     log.info("%d shard(s) of %d file group(s), %d bytes", len(shards), sum(s["groups"] for s in shards),
              sum(s["bytes"] for s in shards))
     return shards
