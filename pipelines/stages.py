@@ -76,12 +76,13 @@ def tokenize_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
     return cfg
 
 
-def tokenize_plan(cfg: RunConfig, run_dir: Path, max_shards: int | None = None) -> list[dict[str, Any]]:
+def tokenize_plan(cfg: RunConfig, run_dir: Path, max_shards: int | None = None,
+                  min_shards: int = 1) -> list[dict[str, Any]]:
     """Train or load the tokenizer and write the shards ``tokenize_shard`` encodes (``tokenize/shards/``),
-    at most ``max_shards`` of them."""
+    between ``min_shards`` (as whole groups allow) and ``max_shards`` of them."""
     from pipelines.tokenize import shards
 
-    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards, max_shards)
+    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards, max_shards, min_shards)
 
 
 def tokenize_shard(run_dir: Path, index: int) -> dict[str, Any]:
@@ -98,7 +99,7 @@ def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
     from functools import partial
     from multiprocessing import get_context
 
-    shards = tokenize_plan(cfg, run_dir)
+    shards = tokenize_plan(cfg, run_dir, min_shards=4 * workers)  # a process idles 1/4 of a shard's time at most
     if workers == 1:
         encoded = [tokenize_shard(run_dir, s["shard"]) for s in shards]
     else:  # fork: the workers start without importing anything again (spawn cost ~0.5 s of a few-second stage);

@@ -395,10 +395,10 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
 
     again = stages.tokenize_shard(run_b, 1)
     assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
-    # past the most tasks Airflow maps, the shards grow instead; every group still in one of them
-    for most in (1, 2):
-        wider = stages.tokenize_plan(cfg, run_b, max_shards=most)
-        assert len(wider) == most and sum(s["groups"] for s in wider) == sum(s["groups"] for s in shards), wider
+    # past the most tasks Airflow maps, the shards grow instead; below the fewest asked, they shrink
+    for shape, count in (({"max_shards": 1}, 1), ({"max_shards": 2}, 2), ({"min_shards": 6}, 6)):
+        other = stages.tokenize_plan(cfg, run_b, **shape)
+        assert len(other) == count and sum(s["groups"] for s in other) == sum(s["groups"] for s in shards), other
 
 
 @pytest.mark.timeout(120)

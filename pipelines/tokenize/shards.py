@@ -44,17 +44,22 @@ def cut(groups: list[list[FileRef]], sizes: list[int], shard_bytes: int) -> list
     return shards + ([current] if current else [])
 
 
-def plan(cfg: RunConfig, folder: Path, max_shards: int | None = None) -> list[dict[str, Any]]:
+def plan(cfg: RunConfig, folder: Path, max_shards: int | None = None, min_shards: int = 1) -> list[dict[str, Any]]:
     """Train or load the tokenizer, cut both splits' groups into shards and write one file per shard
     into ``folder`` (replacing an earlier plan whole); returns each shard's index, groups and bytes.
-    At most ``max_shards`` (Airflow fails a task mapped wider than ``[core] max_map_length``):
-    past it, the shards grow beyond ``pack.shard_bytes``."""
+    Shards of ``pack.shard_bytes``, smaller when that makes fewer than ``min_shards`` (N processes
+    given 3 shards of a small corpus idle in turn: ``taxiway tokenize --workers`` asks for 4 a
+    process), larger past ``max_shards`` (Airflow fails a task mapped wider than ``[core]
+    max_map_length``)."""
     data = inputs(cfg)
     groups = [g for split in manifest.SPLITS for g in data.groups.get(split, [])]
     sizes = [sum(data.bytes[f.path] if f.path in data.bytes else storage.size(f.loc) for f in g) for g in groups]
-    target = cfg.pack.shard_bytes
+    target = max(1, min(cfg.pack.shard_bytes, sum(sizes) // min_shards))
     shards = cut(groups, sizes, target)
-    while max_shards and len(shards) > max_shards:  # whole groups: an even split may need a little more
+    while len(shards) < min(min_shards, len(groups)) and target > 1:  # whole groups of uneven sizes
+        target = target * 7 // 8
+        shards = cut(groups, sizes, target)
+    while max_shards and len(shards) > max_shards:
         target = max(-(-sum(sizes) // max_shards), target + target // 8)
         shards = cut(groups, sizes, target)
     header = {"tokenizer": str(data.tok_path), "tokenizer_sha256": data.tok_sha,
