@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -395,6 +396,22 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
 
     again = stages.tokenize_shard(run_b, 1)
     assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
+    # two runs encoding the same shard at once (ten concurrent runs of one corpus): one encodes, one waits
+    shutil.rmtree(tmp_path / "sharded" / "cache" / "tokens")
+    stages.prepare(cfg, run_c := tmp_path / "sharded" / "run-c")
+    stages.tokenize_plan(cfg, run_c)
+    start, results = threading.Barrier(2), []
+
+    def one(run: Path) -> None:
+        start.wait()
+        results.append(stages.tokenize_shard(run, 0))
+
+    threads = [threading.Thread(target=one, args=(run,)) for run in (run_b, run_c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r["encoded"] for r in results) == [0, shards[0]["groups"]], results
     # past the most tasks Airflow maps, the shards grow instead; below the fewest asked, they shrink
     for shape, count in (({"max_shards": 1}, 1), ({"max_shards": 2}, 2), ({"min_shards": 6}, 6)):
         other = stages.tokenize_plan(cfg, run_b, **shape)

@@ -14,6 +14,7 @@ tokenizer and its groups' files, so a shard task reads only its own part of a la
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -101,12 +102,20 @@ def encode(folder: Path, index: int) -> dict[str, Any]:
     dtype, tok_sha, fmt = np.dtype(shard["dtype"]), shard["tokenizer_sha256"], shard["format"]
     groups = [[FileRef(f["path"], f["sha256"], storage.locate(f["uri"])) for f in g] for g in shard["groups"]]
     cache = Cache(cache_dir())
-    todo = [g for g in groups if not (cache.tokens(group_key(g, tok_sha, fmt, dtype)) / "meta.json").is_file()]
+    keys = [group_key(g, tok_sha, fmt, dtype) for g in groups]
+
+    def missing() -> list[list[FileRef]]:
+        return [g for g, key in zip(groups, keys, strict=True) if not (cache.tokens(key) / "meta.json").is_file()]
+
     encoded = documents = tokens = 0
-    if todo:
-        eos, encoder = _encoder(shard["tokenizer"], tok_sha, shard["eos_token"])
-        for stream in tokenize_groups(todo, encoder, tok_sha, eos, dtype, fmt, cache):
-            if not stream.cache_hit:  # else another process cached the group meanwhile
-                encoded, documents, tokens = encoded + 1, documents + len(stream.starts), tokens + len(stream.tokens)
+    if missing():
+        # concurrent runs of one corpus plan the same shards: one encodes, the others wait, then find it cached
+        with cache.building(cache.tokens("shard-" + hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:32])):
+            if todo := missing():
+                eos, encoder = _encoder(shard["tokenizer"], tok_sha, shard["eos_token"])
+                for stream in tokenize_groups(todo, encoder, tok_sha, eos, dtype, fmt, cache):
+                    if not stream.cache_hit:  # else another process cached the group meanwhile
+                        encoded, documents, tokens = (encoded + 1, documents + len(stream.starts),
+                                                      tokens + len(stream.tokens))
     return {"shard": index, "groups": len(groups), "cached": len(groups) - encoded, "encoded": encoded,
             "documents": documents, "tokens": tokens, "seconds": round(time.perf_counter() - started, 3)}
