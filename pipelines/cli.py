@@ -105,12 +105,15 @@ def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
 
 @app.command()
 @_guard
-def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
+def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
+             workers: Annotated[int | None, typer.Option(
+                 min=1, help="Encode the shards (pack.shard_bytes each) on N one-thread processes, then pack, "
+                             "as the DAG's mapped tasks do (default: one process on every core)")] = None) -> None:
     """Train the tokenizer and pack both splits (reused from the cache when inputs are unchanged)."""
     from pipelines import stages
 
     cfg, folder = _setup(config, set, run_dir)
-    packed = stages.tokenize(cfg, folder)
+    packed = stages.tokenize(cfg, folder) if workers is None else stages.tokenize_on(cfg, folder, workers)
     stats = packed.manifest()
     typer.echo(f"{'cache hit' if packed.cache_hit else 'packed'}: "
                + ", ".join(f"{s}: {v['windows']} windows, {v['tokens']} tokens" for s, v in stats["splits"].items()))

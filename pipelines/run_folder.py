@@ -9,6 +9,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
                                      plan.json (the shards), shards.json (the shard keys used),
                                      clean/ (decontaminated val split), effective.json
       tokenize/packed.json           link to the packed dataset in the cache
+      tokenize/shards/NNNNN.json     the tokenize plan: one shard's tokenizer and file groups each
       parent/                        the parent model's weights when training continues one
       train/                         spec.json (the trainer's input), gang.json (gang handle),
                                      gang.lease, gang.canceled, logs/attempt-N/, smoke/,
@@ -121,6 +122,10 @@ class RunFolder:
     @property
     def packed_link(self) -> Path:
         return self.root / "tokenize" / "packed.json"
+
+    @property
+    def tokenize_shards(self) -> Path:
+        return self.root / "tokenize" / "shards"
 
     @property
     def parent(self) -> Path:

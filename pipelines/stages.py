@@ -63,20 +63,63 @@ def preflight(cfg: RunConfig, run_dir: Path, workers: int | None = None):
     return pf.run(cfg, run_dir, workers)
 
 
-def tokenize(cfg: RunConfig, run_dir: Path):
-    """Packs the data the preflight gate let through (its decontaminated val split, if any),
-    with the parent model's tokenizer when training continues from a parent."""
-    from pipelines import tokenize as tk
+def tokenize_data(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """What tokenize packs: the data the preflight gate let through (its decontaminated val split,
+    if any), with the parent model's tokenizer when training continues from a parent."""
     from pipelines.preflight.decontaminate import effective_data
-    from pipelines.refresh import plan as refresh_plan
-    from pipelines.refresh import replay
-    from pipelines.refresh.assemble import fresh_config
 
     cfg = effective_data(cfg, run_dir)
     parent = parent_weights(cfg, RunFolder(run_dir).parent)
     if parent is not None:
         cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
             update={"path": str(parent_tokenizer(cfg, parent))})})
+    return cfg
+
+
+def tokenize_plan(cfg: RunConfig, run_dir: Path, max_shards: int | None = None,
+                  min_shards: int = 1) -> list[dict[str, Any]]:
+    """Train or load the tokenizer and write the shards ``tokenize_shard`` encodes (``tokenize/shards/``),
+    between ``min_shards`` (as whole groups allow) and ``max_shards`` of them."""
+    from pipelines.tokenize import shards
+
+    return shards.plan(tokenize_data(cfg, run_dir), RunFolder(run_dir).tokenize_shards, max_shards, min_shards)
+
+
+def tokenize_shard(run_dir: Path, index: int) -> dict[str, Any]:
+    """Encode one shard of the plan into the token cache (on one thread: shards scale over processes)."""
+    from pipelines.tokenize import shards
+
+    return shards.encode(RunFolder(run_dir).tokenize_shards, index)
+
+
+def tokenize_on(cfg: RunConfig, run_dir: Path, workers: int):
+    """``tokenize`` with the encoding spread over ``workers`` processes of one thread each (one:
+    this process), as the mapped tasks spread it over Airflow workers; then packs."""
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+    from multiprocessing import get_context
+
+    shards = tokenize_plan(cfg, run_dir, min_shards=4 * workers)  # a process idles 1/4 of a shard's time at most
+    if workers == 1:
+        encoded = [tokenize_shard(run_dir, s["shard"]) for s in shards]
+    else:  # fork: the workers start without importing anything again (spawn cost ~0.5 s of a few-second stage);
+        # safe here: a worker builds its own encoder on its own threads (never one the parent built) and
+        # encodes with tiktoken or HF's single-document encode, never HF's pool the parent may have trained on
+        with ProcessPoolExecutor(min(workers, len(shards)) or 1, mp_context=get_context("fork")) as pool:
+            encoded = list(pool.map(partial(tokenize_shard, run_dir), [s["shard"] for s in shards]))
+    log.info("%d shard(s) on %d process(es): %d group(s) encoded, %d cached", len(shards), workers,
+             sum(e["encoded"] for e in encoded), sum(e["cached"] for e in encoded))
+    return tokenize(cfg, run_dir)
+
+
+def tokenize(cfg: RunConfig, run_dir: Path):
+    """Packs ``tokenize_data``; the groups ``tokenize_shard`` encoded are read from the cache."""
+    from pipelines import tokenize as tk
+    from pipelines.refresh import plan as refresh_plan
+    from pipelines.refresh import replay
+    from pipelines.refresh.assemble import fresh_config
+
+    cfg = tokenize_data(cfg, run_dir)
     plan = refresh_plan.of_run(run_dir)
     if plan is None:
         return tk.run(cfg, run_dir)

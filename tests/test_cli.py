@@ -54,6 +54,10 @@ def test_stages_chain_through_one_run_folder(cli_home):
     assert packed["splits"]["train"]["windows"] > 0 and packed["dtype"] == "uint16"
     again = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)
     assert again.stdout.startswith("cache hit")
+    # on two processes, three shards (another run folder: the config differs) → the same dataset
+    shards = taxiway("tokenize", "-c", str(TINY), "--workers", "2", "-s", "pack.shard_bytes=1000000", env=cli_home,
+                     check=True)
+    assert shards.stdout.startswith("cache hit") and _last_line(shards) == _last_line(tok)
 
     tr = taxiway("train", "-c", str(TINY), env=cli_home, check=True)
     assert _last_line(tr).name == "model.safetensors" and _last_line(tr).exists()

@@ -28,6 +28,10 @@ def test_dag_folder_has_no_import_errors():
     scan = dag.get_task("preflight.scan")  # one mapped task instance per shard the plan returns
     assert "preflight.plan" in scan.upstream_task_ids and "preflight.scan" in dag.get_task("preflight.gate").upstream_task_ids
     assert scan.is_mapped
+    # tokenize: the tokenizer and the plan, one mapped task per shard, then the reduce that packs
+    shard = dag.get_task("tokenize.shard")
+    assert shard.upstream_task_ids == {"tokenize.tokenizer", "resolve_config"}
+    assert shard.get_needs_expansion() and shard.downstream_task_ids == {"tokenize.pack"}
 
 
 def test_sweep_dag_maps_members_between_shared_stages_and_ranking():

@@ -50,8 +50,18 @@ def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag):
 
     from pipelines.registry import client
 
-    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 300}, "eval": {"floor": "unigram"}})
+    # pack.shard_bytes cuts the demo corpus's 7 file groups into 3 mapped tokenize shards
+    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 300}, "eval": {"floor": "unigram"},
+                            "set": ["pack.shard_bytes=1000000"]})
     assert str(dr.state) == "success", _states(dr)
+    shards = sorted((ti.map_index, str(ti.state)) for ti in dr.get_task_instances() if ti.task_id == "tokenize.shard")
+    assert shards == [(0, "success"), (1, "success"), (2, "success")], shards
+    encoded = _returned(dr, "tokenize.shard")
+    pointer = json.loads((_run_dir(dr) / "tokenize" / "packed.json").read_text())
+    stats = json.loads((Path(pointer["path"]) / "manifest.json").read_text())["stats"]
+    assert sum(e["groups"] for e in encoded) == stats["groups"] == 7, (encoded, stats)
+    # the pack found every group in the cache (or the whole dataset, packed by an earlier test)
+    assert pointer["cache_hit"] or stats["groups_reused"] == 7, stats
     report, reg = _gate(dr)
     assert report["baseline"]["kind"] == "floor" and report["baseline"]["floor"] == "unigram", report["baseline"]
     assert report["passed"] and report["gate"]["lower_bpb"] > 0, report["gate"]
@@ -88,6 +98,19 @@ def _links(dr, task_id: str) -> dict[str, str]:
             XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id, XComModel.task_id == task_id,
             XComModel.key.like("taxiway_link_%"))).all()
     return {key: _plain(value) for key, value in rows}
+
+
+def _returned(dr, task_id: str) -> list:
+    """What a (mapped) task's instances returned, in map index order."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(select(XComModel.value).where(
+            XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id, XComModel.task_id == task_id,
+            XComModel.key == "return_value").order_by(XComModel.map_index)).all()
+    return [_plain(value) for value, in rows]
 
 
 def _plain(value: object) -> object:

@@ -39,9 +39,10 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
     assert [states[("sweep.member.score", i)] for i in range(3)] == ["success", "success", "upstream_failed"]
     assert states[("sweep.member.smoke", 2)] == "failed" and states[("sweep.rank", -1)] == "success"
     assert {t.task_id for t in tis if t.task_id.startswith(("preflight.", "tokenize."))} == {
-        "preflight.plan", "preflight.scan", "preflight.gate", "tokenize.pack"}  # once, not per member
+        "preflight.plan", "preflight.scan", "preflight.gate", "tokenize.tokenizer", "tokenize.shard",
+        "tokenize.pack"}  # once, not per member
     assert all(t.map_index == -1 for t in tis if t.task_id.startswith(("preflight.", "tokenize."))
-               and t.task_id != "preflight.scan")  # the scan is mapped over shards, not members
+               and t.task_id not in ("preflight.scan", "tokenize.shard"))  # mapped over shards, not members
 
     folder = RunFolder(run_dir(dr.run_id))
     ranking = json.loads(folder.sweep_ranking.read_text())

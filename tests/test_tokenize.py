@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -216,9 +217,9 @@ def test_fast_engine_gives_hfs_ids(texts: list[str]):
     from pipelines.tokenize.engine import batch_encoder
 
     tok = load(_tokenizer_file(), "<|endoftext|>")
-    encode = batch_encoder(tok, _tokenizer_file())
-    assert encode.__name__ == "tiktoken_bpe"
-    assert encode(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    encode, one_thread = batch_encoder(tok, _tokenizer_file()), batch_encoder(tok, _tokenizer_file(), threads=1)
+    assert encode.__name__ == one_thread.__name__ == "tiktoken_bpe"
+    assert encode(texts) == one_thread(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
 def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: Path):
@@ -232,8 +233,10 @@ def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: P
     tok.save(str(tmp_path / "tokenizer.json"))
     tok = load(tmp_path / "tokenizer.json", "<|endoftext|>")
     encode = batch_encoder(tok, tmp_path / "tokenizer.json")
-    assert encode.__name__ == "hf_tokenizers"
-    assert encode(["Hello World"]) == [tok.encode("Hello World", add_special_tokens=False).ids]
+    one_thread = batch_encoder(tok, tmp_path / "tokenizer.json", threads=1)  # a shard task's: document by document
+    assert encode.__name__ == one_thread.__name__ == "hf_tokenizers"
+    texts = ["Hello World", *DOCS["val"], "<|endoftext|> as text"]
+    assert encode(texts) == one_thread(texts) == [tok.encode(t, add_special_tokens=False).ids for t in texts]
     assert encode(["Hello World"]) == encode(["hello world"])  # the normalizer ran: HF did the encoding
 
 
@@ -377,3 +380,82 @@ def test_tokenizer_learns_from_a_bounded_sample_chosen_by_content(corpus: Path):
     grown = tokenize._split_refs(cfg, "train", manifest.read(cfg.data.manifest))
     assert tokenize.tokenizer_for(cfg, grown) == first       # same key: no retraining
     assert tokenize.training_sample(refs, None) == refs
+
+
+def _packed_files(packed) -> dict[str, str]:
+    """sha256 of every file of a packed dataset; of its manifest, all but ``stats`` (timings, reuse)."""
+    files = {str(p.relative_to(packed.path)): fsio.sha256_file(p) for p in sorted(packed.path.rglob("*"))
+             if p.is_file() and p.name != "manifest.json"}
+    return {**files, "manifest.json": {k: v for k, v in packed.manifest().items() if k != "stats"}}
+
+
+def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path: Path, monkeypatch):
+    """The mapped tokenize (plan, three shard tasks, pack) gives the unsharded dataset byte for byte
+    under the same key; the pack only packs, and a re-run shard finds every group cached."""
+    from pipelines import stages
+    from pipelines.tokenize import groups
+
+    monkeypatch.setattr(groups, "_SPREAD", 4)  # about a dozen groups in this small corpus, not 2
+    cfg = _cfg(corpus, "pack.shard_bytes=1500")
+    for home in ("unsharded", "sharded"):  # a cache each: the sharded run reuses nothing of the other
+        monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / home))
+        stages.prepare(cfg, tmp_path / home / "run")
+    run_a, run_b = tmp_path / "unsharded" / "run", tmp_path / "sharded" / "run"
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "unsharded"))
+    whole = stages.tokenize(cfg, run_a)
+
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "sharded"))
+    shards = stages.tokenize_plan(cfg, run_b)
+    assert len(shards) == 3 and all(s["groups"] for s in shards), shards
+    stats = [stages.tokenize_shard(run_b, s["shard"]) for s in shards]
+    assert [s["encoded"] for s in stats] == [s["groups"] for s in shards] and all(s["tokens"] for s in stats)
+    packed = stages.tokenize(cfg, run_b)
+    m = packed.manifest()["stats"]
+    assert not packed.cache_hit and m["groups_reused"] == m["groups"] == sum(s["groups"] for s in shards)
+    assert packed.key == whole.key
+    assert packed.path.relative_to(tmp_path / "sharded") == whole.path.relative_to(tmp_path / "unsharded")
+    ours = _packed_files(packed)
+    assert ours == _packed_files(whole) and {"train/tokens-00000.npy", "val/docs-00000.npy"} <= set(ours)
+
+    again = stages.tokenize_shard(run_b, 1)
+    assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
+    # two runs encoding the same shard at once (ten concurrent runs of one corpus): one encodes, one waits
+    shutil.rmtree(tmp_path / "sharded" / "cache" / "tokens")
+    stages.prepare(cfg, run_c := tmp_path / "sharded" / "run-c")
+    stages.tokenize_plan(cfg, run_c)
+    start, results = threading.Barrier(2), []
+
+    def one(run: Path) -> None:
+        start.wait()
+        results.append(stages.tokenize_shard(run, 0))
+
+    threads = [threading.Thread(target=one, args=(run,)) for run in (run_b, run_c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r["encoded"] for r in results) == [0, shards[0]["groups"]], results
+    # past the most tasks Airflow maps, the shards grow instead; below the fewest asked, they shrink
+    for shape, count in (({"max_shards": 1}, 1), ({"max_shards": 2}, 2), ({"min_shards": 6}, 6)):
+        other = stages.tokenize_plan(cfg, run_b, **shape)
+        assert len(other) == count and sum(s["groups"] for s in other) == sum(s["groups"] for s in shards), other
+
+
+@pytest.mark.timeout(120)
+def test_shards_on_two_processes_equal_the_unsharded_pack(corpus: Path, tmp_path: Path, monkeypatch):
+    """``taxiway tokenize --workers 2``'s path: the shards encoded by two forked processes, after
+    this process encoded one itself (a forked worker must not use the encoder it inherits: its
+    thread pool has no threads there, and the worker would wait forever)."""
+    from pipelines import stages
+
+    whole = stages.tokenize(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), tmp_path / "run-a")
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "two"))
+    cfg = _cfg(corpus, f"tokenizer.path={_tokenizer_file()}", "pack.shard_bytes=1")  # one group a shard
+    stages.prepare(cfg, tmp_path / "run-b")
+    stages.tokenize_plan(cfg, tmp_path / "run-b")
+    assert stages.tokenize_shard(tmp_path / "run-b", 0)["encoded"] == 1
+    shutil.rmtree(tmp_path / "two" / "cache" / "tokens")
+    packed = stages.tokenize_on(cfg, tmp_path / "run-b", 2)
+    stats = packed.manifest()["stats"]
+    assert packed.key == whole.key and stats["groups_reused"] == stats["groups"] > 1, stats
+    assert _packed_files(packed) == _packed_files(whole)

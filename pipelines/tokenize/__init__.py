@@ -34,6 +34,8 @@ from pipelines.tokenize.pack import SplitWriter, dtype_for
 from trainer import fsio
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from pipelines.refresh.replay import Replay
 
 log = logging.getLogger("taxiway.tokenize")
@@ -96,23 +98,43 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     return folder / "tokenizer.json"
 
 
-def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS,
-        replay: Replay | None = None, link: Path | None = None) -> Packed:
-    """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val);
-    a refresh adds ``replay`` documents of older data to the train split. The run folder's link to
-    the result is ``link`` (default ``tokenize/packed.json``)."""
-    started = time.perf_counter()
-    allocator.bound()
+@dataclass(frozen=True)
+class Inputs:
+    """What packing reads: the tokenizer, the token dtype and each split's file groups, in order."""
+
+    tok_path: Path
+    tok_sha: str
+    tok: Tokenizer
+    dtype: np.dtype
+    groups: dict[str, list[list[FileRef]]]
+    bytes: dict[str, int]      # file size by manifest path, for cutting the groups into shards
+
+
+def inputs(cfg: RunConfig, splits: tuple[str, ...] = manifest.SPLITS) -> Inputs:
+    """The tokenizer (trained on the train split unless ``tokenizer.path``) and the groups of ``splits``."""
     entries = manifest.read(cfg.data.manifest)
     refs = {split: _split_refs(cfg, split, entries) for split in manifest.SPLITS if split in splits
             or (split == "train" and not cfg.tokenizer.path)}
     tok_path = tokenizer_for(cfg, refs.get("train", []))
-    tok_sha = fsio.sha256_file(tok_path)
     tok = bpe.load(tok_path, cfg.tokenizer.eos_token)
-    dtype = dtype_for(tok.get_vocab_size(), cfg.pack.dtype)
-    groups = {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits}
+    return Inputs(tok_path, fsio.sha256_file(tok_path), tok, dtype_for(tok.get_vocab_size(), cfg.pack.dtype),
+                  {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits},
+                  {e.path: e.bytes for e in entries})
+
+
+def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS,
+        replay: Replay | None = None, link: Path | None = None) -> Packed:
+    """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val);
+    a refresh adds ``replay`` documents of older data to the train split. The run folder's link to
+    the result is ``link`` (default ``tokenize/packed.json``). Groups the shard tasks encoded
+    (``shards.py``) are cache hits here, so after them this only packs."""
+    started = time.perf_counter()
+    allocator.bound()
+    data = inputs(cfg, splits)
+    tok_path, tok_sha, tok, dtype, groups = data.tok_path, data.tok_sha, data.tok, data.dtype, data.groups
     key = hashlib.sha256(json.dumps([
-        FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name, cfg.pack.model_dump(mode="json"),
+        FORMAT_VERSION, tok_sha, cfg.data.format, dtype.name,
+        cfg.pack.model_dump(mode="json", exclude={"shard_bytes"}),  # how the work is spread, not what is packed
         {s: [[(f.path, f.sha256) for f in g] for g in gs] for s, gs in groups.items()},
         *([replay.material()] if replay else [])]).encode()).hexdigest()[:32]
     cache = Cache(cache_dir())

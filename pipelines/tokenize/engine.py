@@ -53,18 +53,17 @@ _PROBES = [
 ]
 
 
-def batch_encoder(tok, tok_path: str | Path) -> Encoder:
-    """The fastest encoder that reproduces ``tok``'s ids (``tok`` as ``bpe.load`` returns it)."""
-    def hf_arrays(texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(e.ids, np.uint32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-
-    hf = Encoder("hf_tokenizers", hf_arrays)
+def batch_encoder(tok, tok_path: str | Path, threads: int | None = None) -> Encoder:
+    """The fastest encoder that reproduces ``tok``'s ids (``tok`` as ``bpe.load`` returns it),
+    encoding on ``threads`` threads (default: every core this process may use). A mapped shard
+    task asks for one, so N of them on N cores scale instead of fighting over every core."""
+    hf = _hf(tok, threads)
     spec = json.loads(Path(tok_path).read_text())
     reason = _not_plain(spec)
     if reason:
         log.info("encoding with HF tokenizers: %s", reason)
         return hf
-    fast = _tiktoken(spec)
+    fast = _tiktoken(spec, threads or cores())
     if hf(_PROBES) != fast(_PROBES):
         log.warning("encoding with HF tokenizers: tiktoken's ids differ from HF's on the probe texts")
         return hf
@@ -124,14 +123,28 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _tiktoken(spec: dict) -> Encoder:
+def _hf(tok, threads: int | None) -> Encoder:
+    """HF's encoder. ``encode_batch_fast`` spreads a batch over HF's own pool of every core, which
+    no argument bounds; on one thread documents are encoded one by one in the caller's thread
+    (``encode`` also builds offsets: slower per document, but this is only the fallback engine)."""
+    if threads == 1:
+        def hf_arrays(texts: list[str]) -> list[np.ndarray]:
+            return [np.asarray(tok.encode(t, add_special_tokens=False).ids, np.uint32) for t in texts]
+    else:
+        def hf_arrays(texts: list[str]) -> list[np.ndarray]:
+            return [np.asarray(e.ids, np.uint32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    return Encoder("hf_tokenizers", hf_arrays)
+
+
+def _tiktoken(spec: dict, threads: int) -> Encoder:
     added = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
     enc = tiktoken_encoding(spec, added)
     # never allowed, so special-token text is encoded as text (encode_ordinary's ids, tested)
     encode = partial(enc.encode_to_numpy, allowed_special=frozenset(), disallowed_special=())
     # one pool for the encoder's life (encode_ordinary_batch starts one per call), shared by
     # concurrent callers, so documents of the next batch queue behind this one's
-    pool = ThreadPoolExecutor(cores(), thread_name_prefix="taxiway-tiktoken")
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="taxiway-tiktoken")
 
     def tiktoken_arrays(texts: list[str]) -> list[np.ndarray]:
         return list(pool.map(encode, texts))

@@ -34,7 +34,9 @@ def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
         tasks.preflight_gate.override(task_id="gate")(run, scanned)
 
     with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
-        tasks.tokenize.override(task_id="pack")(run)
+        shards = tasks.tokenize_plan.override(task_id="tokenizer")(run)
+        encoded = tasks.tokenize_shard.override(task_id="shard").partial(run=run).expand(shard=shards)
+        encoded >> tasks.tokenize.override(task_id="pack")(run)
 
     preflight >> tokenize
     return preflight, tokenize

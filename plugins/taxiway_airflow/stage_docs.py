@@ -28,12 +28,14 @@ val split). Thresholds: the form's *Preflight gate* section.""",
     ),
     "tokenize": StageDoc(
         "Byte-level BPE and fixed-length packed windows, cached by content",
-        """**Tokenize**: trains a byte-level BPE on the train split (or takes the parent's), encodes the
-documents joined by end-of-text and packs them into `seq_len + 1` token windows with a
-document-boundary index. Unchanged inputs are a cache hit (the task log says so).
+        """**Tokenize**: `tokenizer` trains a byte-level BPE on the train split (or takes the parent's)
+and cuts the file groups into shards of about `pack.shard_bytes`; each mapped `shard` task encodes
+its groups into the token cache on one core; `pack` joins the documents by end-of-text into
+`seq_len + 1` token windows with a document-boundary index. Unchanged inputs are a cache hit (the
+task logs say so), so a retried shard redoes only what it had not cached.
 
 Outputs: `$TAXIWAY_HOME/cache/packed/<content hash>/` (shards, index, `manifest.json`, tokenizer),
-linked from `<run>/tokenize/packed.json`.""",
+linked from `<run>/tokenize/packed.json`; the plan in `<run>/tokenize/shards/`.""",
     ),
     "train": StageDoc(
         "A seconds-long smoke run, then the training gang; resumes from the newest checkpoint",

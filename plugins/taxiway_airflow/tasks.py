@@ -181,7 +181,38 @@ def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[s
 
 @task(retries=2, **RETRY)
 @translated
+def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Train or load the tokenizer (cached by content) and cut the data into the shards the mapped
+    ``shard`` tasks encode, no more than Airflow maps (``[core] max_map_length``); returns one small
+    record per shard (the plan itself is in the run folder)."""
+    from airflow.sdk.configuration import conf
+
+    from pipelines import stages
+
+    run_dir = _run_dir(run)
+    shards = stages.tokenize_plan(stages.load_run_config(run_dir), run_dir, conf.getint("core", "max_map_length"))
+    log.info("%d shard(s) of %d file group(s), %d bytes", len(shards), sum(s["groups"] for s in shards),
+             sum(s["bytes"] for s in shards))
+    return shards
+
+
+@task(retries=2, **RETRY)
+@translated
+def tokenize_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    """Encode one shard's groups into the token cache on one thread; cached groups are skipped, so
+    a retry or a re-run redoes only what is missing."""
+    from pipelines import stages
+
+    stats = stages.tokenize_shard(_run_dir(run), shard["shard"])
+    log.info("shard %d: %d group(s) encoded (%d documents, %d tokens), %d already cached, in %.2f s", stats["shard"],
+             stats["encoded"], stats["documents"], stats["tokens"], stats["cached"], stats["seconds"])
+    return stats
+
+
+@task(retries=2, **RETRY)
+@translated
 def tokenize(run: dict[str, Any]) -> dict[str, Any]:
+    """The reduce: packs the groups the shards left in the cache (plus a refresh's replay and fresh val)."""
     from pipelines import stages
 
     run_dir = _run_dir(run)
