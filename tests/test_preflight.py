@@ -323,6 +323,37 @@ def test_band_keys_are_datasketchs_own_bucket_keys():
         assert list(lsh.keys.get(j)) == [band[j] for band in keys]
 
 
+def test_the_index_finds_exactly_what_datasketchs_minhashlsh_finds():
+    """Train signatures with planted near copies among val ones: every val document's candidates from
+    ``TrainIndex`` equal ``MinHashLSH.query`` over the same signatures (same bands, same buckets)."""
+    import numpy as np
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from pipelines.config import load_config
+    from pipelines.preflight.overlap import Signed, TrainIndex, band_keys
+
+    rng = np.random.default_rng(1)
+    train = rng.integers(0, 2**32, (400, 128), dtype=np.uint64).astype(np.uint32)
+    val = rng.integers(0, 2**32, (60, 128), dtype=np.uint64).astype(np.uint32)
+    for j in range(40):  # val j copies train 5 j with a share of its values changed: some found, some not
+        keep = rng.random(128) < 0.5 + j / 80
+        val[j] = np.where(keep, train[5 * j], val[j])
+    index = TrainIndex(load_config(TINY, ["preflight.overlap_jaccard=0.8", "preflight.num_perm=128"]))
+    b, r = index.bands, index.rows
+    ids = [f"t{i}" for i in range(len(train))]
+    index.add(Signed(ids[:250], train[:250], band_keys(train[:250], b, r)))
+    index.add(Signed(ids[250:], train[250:], band_keys(train[250:], b, r)))
+    lsh = MinHashLSH(threshold=0.8, num_perm=128, params=(b, r))
+    for key, sig in zip(ids, train, strict=True):
+        lsh.insert(key, LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))
+    vals = Signed([f"v{j}" for j in range(len(val))], val, band_keys(val, b, r))
+    found, _ = index.candidates(vals, cutoff=0.0)
+    ours = {(v, t) for t, v, _ in found}
+    theirs = {(f"v{j}", t) for j, sig in enumerate(val)
+              for t in lsh.query(LeanMinHash(seed=1, hashvalues=sig, scheme="affine32"))}
+    assert ours == theirs and 5 < len(ours) < 40, len(ours)
+
+
 @pytest.mark.parametrize("num_perm", [16, 64, 100, 128, 256])
 def test_lsh_params_are_datasketchs_optimum(num_perm: int):
     """The closed-form rule must pick the (bands, rows) datasketch's numerical search picks."""

@@ -1,5 +1,5 @@
-"""Near-duplicate train/val overlap: vectorized MinHash signatures, a datasketch ``MinHashLSH``
-index, and exact confirmation.
+"""Near-duplicate train/val overlap: vectorized MinHash signatures, an LSH index of band buckets
+(datasketch ``MinHashLSH``'s bucket keys and query, on plain dicts), and exact confirmation.
 
 Signatures are computed batch by batch in parallel worker processes (see ``minhash.py``), the
 train split is indexed, each val document queries the index. A candidate whose estimated
@@ -103,27 +103,25 @@ class Signed:
 
 
 class TrainIndex:
-    """The train split's signatures in a datasketch ``MinHashLSH`` (its own storage, filled with
-    bucket keys computed batch-wise by ``band_keys``), filled batch by batch."""
+    """The train split's LSH buckets, filled batch by batch: per band, a dict from datasketch
+    ``MinHashLSH``'s bucket key (``band_keys``) to the documents in that bucket. The same buckets
+    and the same candidates as a ``MinHashLSH`` (tests/test_preflight.py holds it to that), without
+    its per-document key store (half the index's memory) or datasketch's import (scipy: about a
+    second of a stage's serial start, where the index needs none of it)."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from datasketch import MinHashLSH
-
         p = cfg.preflight
         self.bands, self.rows = lsh_params(p.overlap_jaccard, p.num_perm)
-        self.lsh = MinHashLSH(threshold=p.overlap_jaccard, num_perm=p.num_perm, params=(self.bands, self.rows))
+        self.tables: list[dict[bytes, list[str]]] = [{} for _ in range(self.bands)]
         self.ids: list[str] = []
         self.parts: list[np.ndarray] = []
         self.row: dict[str, int] = {}
 
     def add(self, batch: Signed) -> None:
-        tables, store = self.lsh.hashtables, self.lsh.keys
         for j, (key, sig) in enumerate(zip(batch.ids, batch.sigs, strict=True)):
             if sig[0] != _EMPTY:
-                hs = [band[j] for band in batch.keys]
-                store.insert(key, *hs)
-                for h, table in zip(hs, tables, strict=True):
-                    table.insert(h, key)
+                for band, table in zip(batch.keys, self.tables, strict=True):
+                    table.setdefault(band[j], []).append(key)
                 self.row[key] = len(self.ids)
             self.ids.append(key)
         self.parts.append(batch.sigs)
@@ -132,13 +130,12 @@ class TrainIndex:
         """(train, val, estimated Jaccard) for LSH hits at or above ``cutoff``; best estimate per val doc."""
         sigs = np.concatenate(self.parts) if self.parts else np.empty((0, val.sigs.shape[1]), np.uint32)
         best, out = np.zeros(len(val.ids)), []
-        tables = self.lsh.hashtables
         for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
             if sig[0] == _EMPTY:
                 continue
             hits = set()
-            for band, table in zip(val.keys, tables, strict=True):
-                hits.update(table.get(band[j]))
+            for band, table in zip(val.keys, self.tables, strict=True):
+                hits.update(table.get(band[j], ()))
             if hits:
                 rows = np.fromiter((self.row[h] for h in hits), dtype=np.int64, count=len(hits))
                 est = (sigs[rows] == sig).mean(axis=1)
@@ -224,11 +221,9 @@ def judge_overlap(cfg: RunConfig, index: TrainIndex, val: Signed, root: storage.
 
 
 def warm() -> None:
-    """Import what judging the overlap needs (datasketch, matplotlib) and draw one throwaway plot
-    (matplotlib loads fonts and its math-text parser on first use): about a second, spent by a
-    caller that has time to spare before it judges (``preflight.run``, while shards are scanned)."""
-    import datasketch  # noqa: F401
-
+    """Draw one throwaway plot (matplotlib loads fonts and its math-text parser on first use): half a
+    second, spent by a caller that has time to spare before it judges (``preflight.run``, while
+    shards are scanned)."""
     _png(np.zeros(1), 0.5)
 
 
