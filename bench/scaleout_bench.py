@@ -81,6 +81,8 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
 
     wait_for(f"{LAST} of {run_id}", packed, timeout_s=1200, every_s=1)
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"}).raise_for_status()
+    wait_for(f"the tasks of {run_id} to stop", lambda: not any(  # the next repeat gets an idle machine
+        t["state"] in ("running", "queued", "deferred") for t in task_instances(live, run_id)), 120, every_s=1)
     tis = [t for t in task_instances(live, run_id) if t["task_id"].startswith(STAGES) and t["start_date"]]
     start = min(_ts(t["start_date"]) for t in tis)
     end = max(_ts(t["end_date"]) for t in tis if t["task_id"] == LAST)
