@@ -391,6 +391,8 @@ def test_three_shards_equal_one_shard_per_split_byte_for_byte(data: Path, tmp_pa
     whole, sharded = _cfg(data), _cfg(data, "preflight.shard_bytes=10000")
     assert [s.split for s in plan(whole)] == ["train", "val"]
     assert [s.split for s in plan(sharded)] == ["train", "train", "val"]
+    # N workers ask for smaller shards; Airflow's map limit asks for larger ones (a shard per split at least)
+    assert len(plan(whole, min_shards=6)) > 2 and [s.split for s in plan(sharded, max_shards=1)] == ["train", "val"]
     one = preflight.run(whole, tmp_path / "one", workers=1)
     three = preflight.run(sharded, tmp_path / "three", workers=2)  # forked scans and documents process
     assert not one.passed and {n for n, c in one.checks.items() if not c.passed} == {"documents", "overlap"}

@@ -18,7 +18,7 @@ from pipelines.config import RunConfig
 from pipelines.preflight.decontaminate import decontaminate
 from pipelines.preflight.forked import split_map
 from pipelines.preflight.overlap import warm as warm_overlap
-from pipelines.preflight.reduce import documents_process, reduce
+from pipelines.preflight.reduce import Judging, documents_process, reduce
 from pipelines.preflight.report import CHECK_NAMES, CheckResult, Report, assemble
 from pipelines.preflight.shards import ShardResult, load, plan, read_plan, scan, write_plan
 from pipelines.run_folder import RunFolder
@@ -80,14 +80,14 @@ def _workers(cfg: RunConfig, workers: int | None) -> int:
     return workers or cfg.preflight.workers or os.cpu_count() or 1
 
 
-def plan_shards(cfg: RunConfig, run_dir: Path) -> list[int]:
-    """Remove an earlier attempt's results, cut the corpus into shards and save the plan; the
-    shard ids (what the Airflow scan tasks map over)."""
+def plan_shards(cfg: RunConfig, run_dir: Path, min_shards: int = 1, max_shards: int | None = None) -> list[int]:
+    """Remove an earlier attempt's results, cut the corpus into shards (``shards.plan``) and save the
+    plan; the shard ids (what the Airflow scan tasks map over)."""
     folder = RunFolder(run_dir)
     for stale in [*map(folder.preflight_check, CHECK_NAMES), folder.preflight_report, folder.effective_data,
                   folder.preflight_shards]:
         stale.unlink(missing_ok=True)
-    shards = plan(cfg)
+    shards = plan(cfg, min_shards, max_shards)
     write_plan(run_dir, shards)
     log.info("%d shard(s): %s", len(shards), ", ".join(f"{s.split} {len(s.files)} files {s.bytes} B" for s in shards))
     return [s.id for s in shards]
@@ -112,11 +112,11 @@ def run(cfg: RunConfig, run_dir: Path, workers: int | None = None) -> Report:
     other workers start scanning."""
     workers = _workers(cfg, workers)
     with documents_process(cfg, workers) as documents:
-        plan_shards(cfg, run_dir)
+        plan_shards(cfg, run_dir, min_shards=4 * workers if workers > 1 else 1)
         shards = read_plan(run_dir)
         order = sorted(range(len(shards)), key=lambda i: -shards[i].bytes)
-        results: dict[int, ShardResult] = {}
+        judging = Judging(cfg, shards)
         for j, result in split_map(lambda i: scan(cfg, shards[i]), order, workers, before=warm_overlap):
-            results[order[j]] = result
-        reduce(cfg, run_dir, shards, [results[i] for i in range(len(shards))], documents)
+            judging.add(order[j], result)  # between this process's own scans: less left after the last
+        judging.finish(run_dir, documents)
     return gate(cfg, run_dir)

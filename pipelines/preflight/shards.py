@@ -84,15 +84,28 @@ def _ends_shard(key: str, size: int, total: int, target: int) -> bool:
     return draw < 2 * size / target or total >= 2 * target
 
 
-def plan(cfg: RunConfig) -> list[Shard]:
-    """The shards of both splits, numbered from 0 in file order."""
+def plan(cfg: RunConfig, min_shards: int = 1, max_shards: int | None = None) -> list[Shard]:
+    """The shards of both splits, numbered from 0 in file order: about ``preflight.shard_bytes``
+    each, smaller when that makes fewer than ``min_shards`` (N processes each want a few, so they
+    finish together), larger past ``max_shards`` (Airflow fails a task mapped wider than ``[core]
+    max_map_length``)."""
     root = manifest.root_of(cfg.data.manifest)
-    target = cfg.preflight.shard_bytes
+    files = {split: [ShardFile(file_key(loc, root), loc.uri(), loc.path, storage.size(loc))
+                     for loc in split_files(getattr(cfg.data, split))] for split in manifest.SPLITS}
+    total = sum(f.bytes for split in files.values() for f in split)
+    target = cfg.preflight.shard_bytes if min_shards <= 1 else max(1, min(cfg.preflight.shard_bytes, total // min_shards))
+    shards = _cut(files, target)
+    while max_shards and len(shards) > max(max_shards, len(manifest.SPLITS)):
+        target += max(1, target // 8)
+        shards = _cut(files, target)
+    return shards
+
+
+def _cut(files: dict[str, list[ShardFile]], target: int) -> list[Shard]:
     shards: list[Shard] = []
-    for split in manifest.SPLITS:
+    for split, split_files_ in files.items():
         current, total = [], 0
-        for loc in split_files(getattr(cfg.data, split)):
-            f = ShardFile(file_key(loc, root), loc.uri(), loc.path, storage.size(loc))
+        for f in split_files_:
             current.append(f)
             total += f.bytes
             if _ends_shard(f.key, f.bytes, total, target):

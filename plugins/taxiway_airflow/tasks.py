@@ -143,11 +143,15 @@ def assemble(run: dict[str, Any]) -> dict[str, Any]:
 @task(retries=2, **RETRY)
 @translated
 def preflight_plan(run: dict[str, Any]) -> list[int]:
-    """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each."""
+    """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each, no
+    more than Airflow maps (``[core] max_map_length``)."""
+    from airflow.configuration import conf
+
     from pipelines import preflight, stages
 
     run_dir = _run_dir(run)
-    return preflight.plan_shards(stages.load_run_config(run_dir), run_dir)
+    return preflight.plan_shards(stages.load_run_config(run_dir), run_dir,
+                                 max_shards=conf.getint("core", "max_map_length"))
 
 
 @task(retries=2, **RETRY)
