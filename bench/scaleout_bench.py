@@ -17,6 +17,7 @@ not shard, and a deployment refreshing models keeps its tokenizer.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -101,9 +102,11 @@ def measure(workers: int, repeats: int, data: Path, tok: Path, root: Path) -> li
     broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
     broker.flushdb()
     runs = []
+    home = root / f"workers-{workers}" / "taxiway"  # LiveAirflow's TAXIWAY_HOME
     with fresh_db("taxiway_airflow") as metadata:
         live = LiveAirflow(root / f"workers-{workers}",
-                           extra_env={"TAXIWAY_CONFIG": str(TINY), "TAXIWAY_DATA_ROOTS": str(data.parent)},
+                           extra_env={"TAXIWAY_CONFIG": str(TINY),  # the corpus, and the deployment's own home
+                                      "TAXIWAY_DATA_ROOTS": os.pathsep.join([str(data.parent), str(home)])},
                            celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}",
                                               workers=workers, concurrency=1))
         live.start()

@@ -46,7 +46,7 @@ def record_key(rec: Record, file: str) -> str:
 
 
 def _sign_batch(files: list[storage.Location], *, fmt: str | None, hasher: MinHasher,
-                root: storage.Location, bands: int, rows: int) -> Signed:
+                root: storage.Location) -> Signed:
     """Signatures of every readable document in ``files`` (unreadable ones are the documents
     check's business and are skipped here)."""
     ids, texts = [], []
@@ -61,7 +61,7 @@ def _sign_batch(files: list[storage.Location], *, fmt: str | None, hasher: MinHa
                 ids.append(record_key(rec, key))
                 texts.append(rec.text.encode())
     sigs = hasher.signatures(texts)
-    return Signed(ids, sigs, band_keys(sigs, bands, rows))
+    return Signed(ids, sigs)
 
 
 def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str, str]:
@@ -80,68 +80,83 @@ def _texts(keys: set[str], root: storage.Location, fmt: str | None) -> dict[str,
     return out
 
 
-def band_keys(sigs: np.ndarray, bands: int, rows: int) -> list[list[bytes]]:
-    """Per band, each signature's bucket key exactly as datasketch's ``MinHashLSH`` computes it
-    (``bytes(band.byteswap().data)``), for a whole batch in a few numpy calls instead of a
-    ``LeanMinHash`` and ``bands`` Python slices per document."""
-    swapped = sigs.byteswap()
-    return [np.ascontiguousarray(swapped[:, b * rows:(b + 1) * rows]).view(f"V{4 * rows}").ravel().tolist()
-            for b in range(bands)]
-
-
 @dataclass
 class Signed:
     ids: list[str]          # document ids relative to the manifest root
     sigs: np.ndarray        # (n, num_perm) uint32
-    keys: list[list[bytes]]  # per band, per document: LSH bucket key
 
     @classmethod
-    def join(cls, parts: list[Signed], bands: int, num_perm: int) -> Signed:
+    def join(cls, parts: list[Signed], num_perm: int) -> Signed:
         """One ``Signed`` of ``parts`` in order."""
         sigs = np.concatenate([v.sigs for v in parts]) if parts else np.empty((0, num_perm), np.uint32)
-        return cls([k for v in parts for k in v.ids], sigs, [[k for v in parts for k in v.keys[b]] for b in range(bands)])
+        return cls([k for v in parts for k in v.ids], sigs)
+
+
+def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """``(n, bands)`` uint64: each band's ``rows`` values folded into one number. A lookup key only:
+    equal bands hash alike, and a hit is confirmed on the band's values themselves."""
+    folded = np.zeros((len(sigs), bands), np.uint64)
+    values = sigs[:, :bands * rows].reshape(len(sigs), bands, rows).astype(np.uint64)
+    for k in range(rows):  # uint64 arithmetic wraps: a polynomial hash mod 2^64
+        folded = folded * np.uint64(0x9E3779B97F4A7C15) + values[:, :, k]
+    return folded
 
 
 class TrainIndex:
-    """The train split's LSH buckets, filled batch by batch: per band, a dict from datasketch
-    ``MinHashLSH``'s bucket key (``band_keys``) to the documents in that bucket. The same buckets
-    and the same candidates as a ``MinHashLSH`` (tests/test_preflight.py holds it to that), without
-    its per-document key store (half the index's memory) or datasketch's import (scipy: about a
-    second of a stage's serial start, where the index needs none of it)."""
+    """The train split's LSH index. A val document's candidates are the train documents that share a
+    whole band of their signatures with it — the candidates datasketch's ``MinHashLSH`` returns over the
+    same signatures and bands (tests/test_preflight.py holds it to ``MinHashLSH.query``). Held as numpy
+    arrays, per band the train documents' ``band_hashes`` sorted once for ``searchsorted``: 12 bytes
+    per document and band, where a dict of bucket keys took about 3 KB per train document (150 MB at
+    the 100x bench corpus) — and no datasketch import (scipy) on the stage's serial path."""
 
     def __init__(self, cfg: RunConfig) -> None:
         p = cfg.preflight
         self.bands, self.rows = lsh_params(p.overlap_jaccard, p.num_perm)
-        self.tables: list[dict[bytes, list[str]]] = [{} for _ in range(self.bands)]
         self.ids: list[str] = []
         self.parts: list[np.ndarray] = []
-        self.row: dict[str, int] = {}
+        self._lookup: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # sigs, order, sorted hashes
 
     def add(self, batch: Signed) -> None:
-        for j, (key, sig) in enumerate(zip(batch.ids, batch.sigs, strict=True)):
-            if sig[0] != _EMPTY:
-                for band, table in zip(batch.keys, self.tables, strict=True):
-                    table.setdefault(band[j], []).append(key)
-                self.row[key] = len(self.ids)
-            self.ids.append(key)
+        self.ids += batch.ids
         self.parts.append(batch.sigs)
+        self._lookup = None
+
+    def _sorted(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._lookup is None:
+            sigs = np.concatenate(self.parts) if self.parts else np.empty((0, width), np.uint32)
+            hashes = band_hashes(sigs, self.bands, self.rows)
+            hashes[sigs[:, 0] == _EMPTY] = 0  # no shingles, never a candidate (masked again below)
+            order = np.argsort(hashes, axis=0, kind="stable")
+            self._lookup = sigs, order, np.take_along_axis(hashes, order, axis=0)
+        return self._lookup
 
     def candidates(self, val: Signed, cutoff: float) -> tuple[list[tuple[str, str, float]], np.ndarray]:
         """(train, val, estimated Jaccard) for LSH hits at or above ``cutoff``; best estimate per val doc."""
-        sigs = np.concatenate(self.parts) if self.parts else np.empty((0, val.sigs.shape[1]), np.uint32)
-        best, out = np.zeros(len(val.ids)), []
-        for j, (key, sig) in enumerate(zip(val.ids, val.sigs, strict=True)):
-            if sig[0] == _EMPTY:
+        sigs, order, keys = self._sorted(val.sigs.shape[1])
+        best = np.zeros(len(val.ids))
+        wanted = band_hashes(val.sigs, self.bands, self.rows)
+        found_v, found_t = [], []
+        for b in range(self.bands):
+            lo = np.searchsorted(keys[:, b], wanted[:, b], "left")
+            counts = np.searchsorted(keys[:, b], wanted[:, b], "right") - lo
+            if not counts.any():
                 continue
-            hits = set()
-            for band, table in zip(val.keys, self.tables, strict=True):
-                hits.update(table.get(band[j], ()))
-            if hits:
-                rows = np.fromiter((self.row[h] for h in hits), dtype=np.int64, count=len(hits))
-                est = (sigs[rows] == sig).mean(axis=1)
-                best[j] = est.max()
-                out += [(self.ids[r], key, float(e)) for r, e in zip(rows, est, strict=True) if e >= cutoff]
-        return out, best
+            v = np.repeat(np.arange(len(val.ids)), counts)
+            t = order[np.arange(counts.sum()) + np.repeat(lo - np.cumsum(counts) + counts, counts), b]
+            band = slice(b * self.rows, (b + 1) * self.rows)
+            same = (sigs[t, band] == val.sigs[v, band]).all(axis=1)  # the band itself, not just its hash
+            found_v.append(v[same])
+            found_t.append(t[same])
+        if not found_v:
+            return [], best
+        pairs = np.unique(np.stack([np.concatenate(found_v), np.concatenate(found_t)], axis=1), axis=0)
+        v, t = pairs[:, 0], pairs[:, 1]
+        real = (sigs[t, 0] != _EMPTY) & (val.sigs[v, 0] != _EMPTY)
+        v, t = v[real], t[real]
+        est = (sigs[t] == val.sigs[v]).mean(axis=1)
+        np.maximum.at(best, v, est)
+        return [(self.ids[i], val.ids[j], float(e)) for j, i, e in zip(v, t, est, strict=True) if e >= cutoff], best
 
 
 def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tuple[TrainIndex, Signed]:
@@ -154,24 +169,22 @@ def index_and_sign(cfg: RunConfig, root: storage.Location, workers: int) -> tupl
     train_batches = size_groups(split_files(cfg.data.train), storage.size, BATCH_BYTES)
     val_batches = size_groups(split_files(cfg.data.val), storage.size, BATCH_BYTES)
     index = TrainIndex(cfg)
-    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=hasher, root=root, bands=index.bands, rows=index.rows)
+    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=hasher, root=root)
     val_signed: dict[int, Signed] = {}
     for i, signed in split_map(sign, train_batches + val_batches, workers):
         if i < len(train_batches):
             index.add(signed)
         else:
             val_signed[i] = signed
-    return index, Signed.join([val_signed[i] for i in sorted(val_signed)], index.bands, p.num_perm)
+    return index, Signed.join([val_signed[i] for i in sorted(val_signed)], p.num_perm)
 
 
 def sign_files(cfg: RunConfig, files: list[storage.Location], root: storage.Location, workers: int) -> Signed:
     """Signatures of the documents in ``files``, in file order, on ``workers`` processes."""
     p = cfg.preflight
-    bands, rows = lsh_params(p.overlap_jaccard, p.num_perm)
-    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=MinHasher(p.num_perm, p.shingle_words), root=root,
-                   bands=bands, rows=rows)
+    sign = partial(_sign_batch, fmt=cfg.data.format, hasher=MinHasher(p.num_perm, p.shingle_words), root=root)
     done = dict(split_map(sign, size_groups(files, storage.size, BATCH_BYTES), workers))
-    return Signed.join([done[i] for i in sorted(done)], bands, p.num_perm)
+    return Signed.join([done[i] for i in sorted(done)], p.num_perm)
 
 
 def confirm(candidates: list[tuple[str, str, float]], cfg: RunConfig, root: storage.Location) -> list[dict]:

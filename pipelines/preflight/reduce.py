@@ -20,7 +20,7 @@ from pipelines.preflight.documents_check import check_documents, warm
 from pipelines.preflight.duplicates import check_duplicates
 from pipelines.preflight.forked import Ahead
 from pipelines.preflight.manifest_check import OnDisk, check_manifest
-from pipelines.preflight.overlap import Signed, TrainIndex, band_keys, judge_overlap
+from pipelines.preflight.overlap import Signed, TrainIndex, judge_overlap
 from pipelines.preflight.report import CHECK_NAMES, CheckResult
 from pipelines.preflight.shards import Shard, ShardResult
 from pipelines.run_folder import RunFolder
@@ -52,7 +52,7 @@ class Judging:
         shard, self.results[i] = self.shards[i], result
         for f, (_, size, sha) in zip(shard.files, result.files, strict=True):
             self.found[shard.split][f.path] = (f.uri, size, sha)
-        signed = Signed(result.ids, result.sigs, band_keys(result.sigs, self.index.bands, self.index.rows))
+        signed = Signed(result.ids, result.sigs)
         if result.split == "train":
             self.index.add(signed)  # insertion order changes no verdict: candidates are sets, pairs sorted
         else:
@@ -68,7 +68,7 @@ class Judging:
             {"id": s.id, "split": s.split, "files": len(s.files), "bytes": s.bytes, "key": r.key,
              "cache_hit": r.cache_hit} for s, r in zip(self.shards, results, strict=True)]})
         documents.submit([row for r in results for row in r.rows])
-        val = Signed.join([self.val[i] for i in sorted(self.val)], self.index.bands, cfg.preflight.num_perm)
+        val = Signed.join([self.val[i] for i in sorted(self.val)], cfg.preflight.num_perm)
         checks = {"manifest": check_manifest(cfg, self.found),
                   "duplicates": check_duplicates(cfg, ((r.split, doc, digest) for r in results
                                                        for doc, digest in r.digests)),

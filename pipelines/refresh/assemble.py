@@ -88,7 +88,7 @@ def _repeats(cfg: RunConfig, index, batch: Batch) -> tuple[dict[str, tuple[str, 
 def _kept_docs(signed: Signed, files: set[str], dropped: set[str]) -> Signed:
     """The signatures of the documents this refresh trains on (of ``files``, not ``dropped``)."""
     rows = [i for i, d in enumerate(signed.ids) if d.split("#", 1)[0] in files and d not in dropped]
-    return Signed([signed.ids[i] for i in rows], signed.sigs[rows], [[band[i] for i in rows] for band in signed.keys])
+    return Signed([signed.ids[i] for i in rows], signed.sigs[rows])
 
 
 def assemble(cfg: RunConfig, run_dir: Path) -> dict:

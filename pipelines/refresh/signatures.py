@@ -18,8 +18,7 @@ import numpy as np
 
 from pipelines import manifest
 from pipelines.config import RunConfig
-from pipelines.preflight.minhash import lsh_params
-from pipelines.preflight.overlap import Signed, TrainIndex, band_keys, sign_files
+from pipelines.preflight.overlap import Signed, TrainIndex, sign_files
 from pipelines.run_folder import Cache, cache_dir
 from trainer import fsio
 
@@ -42,12 +41,11 @@ def train_signatures(cfg: RunConfig, manifest_uri: str, workers: int | None = No
     stored already (True: nothing was read; with ``manifest_sha256`` given, not even the manifest,
     which may be gone by then)."""
     p = cfg.preflight
-    bands, rows = lsh_params(p.overlap_jaccard, p.num_perm)
     path = path_of(cfg, manifest_sha256 or manifest.digest(manifest_uri))
     if path.exists():
         with np.load(path, allow_pickle=False) as saved:
             ids, sigs = saved["ids"].tolist(), saved["sigs"]
-        return Signed(ids, sigs, band_keys(sigs, bands, rows)), True
+        return Signed(ids, sigs), True
     root = manifest.root_of(manifest_uri)
     files = [root.join(e.path) for e in manifest.read(manifest_uri) if e.split == "train"]
     signed = sign_files(cfg, files, root, workers or p.workers or os.cpu_count() or 1)
@@ -59,7 +57,7 @@ def train_signatures(cfg: RunConfig, manifest_uri: str, workers: int | None = No
 
 def labelled(signed: Signed, label: str) -> Signed:
     """Document ids made unique across sources: ``<label>:<id>``."""
-    return Signed([f"{label}:{i}" for i in signed.ids], signed.sigs, signed.keys)
+    return Signed([f"{label}:{i}" for i in signed.ids], signed.sigs)
 
 
 def trained_index(cfg: RunConfig, sources: list[tuple[str, str, str | None]],
