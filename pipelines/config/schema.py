@@ -72,7 +72,7 @@ class PackConfig(Section):
     seq_len: PositiveInt = Field(256, description="Tokens per training sequence; at most model.block_size")
     shard_tokens: PositiveInt = Field(16_777_216, description="Tokens per numpy shard")
     shard_bytes: PositiveInt = Field(
-        33_554_432, description="Input bytes per mapped tokenize task (whole file groups; at least one group "
+        16_777_216, description="Input bytes per mapped tokenize task (whole file groups; at least one group "
                                 "each). Spreads the encoding over workers; the packed dataset is the same")
     dtype: Literal["auto", "uint16", "uint32"] = Field(
         "auto", description="Token dtype of the shards; auto = uint16 when the vocabulary fits")
