@@ -103,12 +103,17 @@ def _child(fn: Callable[[T], Any], items: list[T], jobs: _Counter, conn: Connect
         conn.send(_DONE)
     except BaseException as exc:  # noqa: BLE001 — everything goes back to the caller
         code = 1
-        try:
-            conn.send(_Failed(exc))
-        except Exception:  # noqa: BLE001 — an exception that does not pickle
-            conn.send(_Failed(RuntimeError(repr(exc))))
+        _send_failure(conn, exc)
     finally:
         os._exit(code)
+
+
+def _send_failure(conn: Connection, exc: BaseException) -> None:
+    """``exc`` to the caller, or its repr when it does not pickle."""
+    try:
+        conn.send(_Failed(exc))
+    except Exception:  # noqa: BLE001 — an exception that does not pickle
+        conn.send(_Failed(RuntimeError(repr(exc))))
 
 
 def _collect(children: dict[int, Connection], block: bool) -> Iterator[tuple[int, Any]]:
@@ -167,10 +172,7 @@ class Ahead(Generic[R]):
             pass
         except BaseException as exc:  # noqa: BLE001 — everything goes back to the caller
             code = 1
-            try:
-                conn.send(_Failed(exc))
-            except Exception:  # noqa: BLE001 — an exception that does not pickle
-                conn.send(_Failed(RuntimeError(repr(exc))))
+            _send_failure(conn, exc)
         finally:
             os._exit(code)
 
