@@ -116,6 +116,10 @@ class LiveAirflow:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",  # the DAG file does not change here
+            # a parse that takes 0.3 s on a quiet machine took 20-50 s under make test's load on a slow VM: past
+            # the default timeouts (30 s import, 50 s processor) the DAG drops out and a trigger gets a 404
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "PYTHONUNBUFFERED": "1",
             # what a deployment gives its workers so failure callbacks can set a run's note (REST)
