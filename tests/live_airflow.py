@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -53,6 +54,14 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: flo
         time.sleep(every_s)
 
 
+def production_config() -> dict[str, str]:
+    """The ``config:`` section of the production Helm values (deploy/airflow-values.yaml) as the
+    environment variables the chart would render from it, so the Celery shape runs with it."""
+    values = yaml.safe_load((REPO / "deploy" / "airflow-values.yaml").read_text())
+    return {f"AIRFLOW__{section.upper()}__{key.upper()}": str(value)
+            for section, options in values.get("config", {}).items() for key, value in options.items()}
+
+
 @dataclass(frozen=True)
 class CeleryShape:
     """The distributed deployment: metadata on PostgreSQL (``metadata_uri``, also the Celery result
@@ -71,7 +80,8 @@ class CeleryShape:
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.concurrency),
                 # a worker that died is noticed by its task's missing heartbeats: soon, not after 5 min
                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
-                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5"}
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+                **production_config()}
 
     def components(self) -> list[tuple[str, list[str], dict[str, str]]]:
         """Each worker with its own Celery node name and log server port (they share one host)."""

@@ -15,6 +15,7 @@ No container engine and no cluster exist here, so what can be checked is checked
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import re
 import shutil
@@ -330,6 +331,21 @@ def test_values_wire_taxiway_into_airflow():
     assert v["volumeMounts"] == [{"name": volume["name"], "mountPath": mount}]
     assert cfg.compute.kubernetes.namespace == NAMESPACE
     assert v["uid"] == cfg.compute.kubernetes.run_as_user == v["securityContexts"]["pod"]["runAsUser"]
+
+
+def test_values_config_names_real_airflow_options_and_the_celery_config_resolves():
+    """A misspelt option in ``config:`` renders into airflow.cfg and is silently ignored."""
+    from airflow.configuration import conf
+    from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+
+    config = values()["config"]
+    for section, options in config.items():
+        for key in options:
+            assert conf.has_option(section, key), f"config.{section}.{key}: not an Airflow option"
+    path = config["celery"]["celery_config_options"]
+    module, _, name = path.rpartition(".")
+    celery_config = getattr(importlib.import_module(module), name)
+    assert celery_config == DEFAULT_CELERY_CONFIG  # Airflow's own settings, the preload beside them
 
 
 def _mlflow_service_host() -> str:

@@ -71,6 +71,14 @@ def _worker_logs(live: LiveAirflow) -> dict[str, str]:
             if name.startswith("celery-worker")}
 
 
+def test_each_celery_worker_preloads_the_heavy_task_imports(deployment):
+    """deploy/airflow-values.yaml's ``celery_config_options``: imported once per worker, before it
+    forks task processes (the preflight gate's 3 s of Great Expectations import, paid at start-up)."""
+    for name in ("celery-worker-1", "celery-worker-2"):
+        wait_for(f"{name} to preload", lambda name=name: "preloaded Great Expectations"
+                 in deployment.log_path(name).read_text(), timeout_s=120)
+
+
 def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(deployment):
     """The training task's worker is SIGKILLed (with its task process) while it holds the task, after
     it launched the gang: the scheduler notices the missing heartbeats, the retry runs on the other

@@ -35,8 +35,9 @@ def _suite(cfg: RunConfig):
     return suite
 
 
-def _quiet_ge() -> None:
-    """GE sets up its own loggers on import; quiet them after that."""
+def quiet_ge() -> None:
+    """Import GE and quiet the loggers it sets up on import (also a Celery worker's preload:
+    taxiway_airflow.celery_config)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     import great_expectations  # noqa: F401
@@ -55,7 +56,7 @@ def warm(cfg: RunConfig) -> None:
 
 def validate(rows: list[dict[str, Any]], cfg: RunConfig) -> dict[str, Any]:
     """GE validation result as a JSON-able dict."""
-    _quiet_ge()
+    quiet_ge()
     import great_expectations as gx
     import pandas as pd
     from great_expectations.data_context.types.base import ProgressBarsConfig
