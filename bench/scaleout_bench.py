@@ -15,7 +15,7 @@ On the 10x corpus the data stages' serial part (plan, gate, tokenizer, pack and 
 between them: about 5 s) is a fifth of one worker's span; ``--scales 10,100`` also measures the 100x
 corpus (about 1 GB), where the mapped work dominates.
 
-    .venv/bin/python bench/scaleout_bench.py [--repeats 3] [--scales 10]   # raw: bench/results/scaleout.json
+    .venv/bin/python bench/scaleout_bench.py [--repeats 3] [--scales 10:3,100:1]   # raw: bench/results/scaleout.json
 """
 
 from __future__ import annotations
@@ -52,10 +52,17 @@ def _ts(value: str) -> float:
 
 
 def task_instances(live: LiveAirflow, run_id: str) -> list[dict]:
-    """Every task instance of the run, mapped ones one row per map index."""
-    resp = live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-    resp.raise_for_status()
-    return resp.json()["task_instances"]
+    """Every task instance of the run, mapped ones one row per map index (page by page: the API
+    returns at most ``[api] maximum_page_limit``, 100, whatever ``limit`` asks)."""
+    rows: list[dict] = []
+    while True:
+        resp = live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances",
+                            params={"limit": 100, "offset": len(rows), "order_by": "id"})
+        resp.raise_for_status()
+        body = resp.json()
+        rows += body["task_instances"]
+        if not body["task_instances"] or len(rows) >= body["total_entries"]:
+            return rows
 
 
 def tokenizer(one: Path, out: Path) -> Path:
@@ -134,7 +141,8 @@ def measure(workers: int, repeats: int, data: Path, tok: Path, root: Path) -> li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--scales", default="10", help="comma-separated corpus scales (bench/corpus.py), e.g. 10,100")
+    ap.add_argument("--scales", default="10", help="comma-separated corpus scales (bench/corpus.py), each with "
+                                                   "its own repeats after a colon if not --repeats: 10:3,100:1")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "taxiway-bench-corpora")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args()
@@ -143,9 +151,11 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="scaleout-"))
     figures: dict = {"scales": {}}
     rows = []
-    for scale in (int(s) for s in args.scales.split(",")):
+    for item in args.scales.split(","):
+        scale, _, repeats = item.partition(":")
+        scale, repeats = int(scale), int(repeats or args.repeats)
         data = corpus.build(args.data, scale)
-        runs = {w: measure(w, args.repeats, data, tok, root / f"x{scale}") for w in (1, 2)}
+        runs = {w: measure(w, repeats, data, tok, root / f"x{scale}") for w in (1, 2)}
         medians = {w: statistics.median(r["span_s"] for r in runs[w]) for w in runs}
         speedup = round(medians[1] / medians[2], 2)
         figures["scales"][f"x{scale}"] = {"speedup": speedup, "workers": {
