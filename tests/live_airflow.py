@@ -135,7 +135,10 @@ class LiveAirflow:
             # what a deployment gives its workers so failure callbacks can set a run's note (REST)
             "TAXIWAY_AIRFLOW_URL": self.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
             "TAXIWAY_AIRFLOW_PASSWORD": self.password,
-            **(celery.env() if celery else {}),
+            # SQLite metadata unless Celery's PostgreSQL: a writer waits up to 60 s for the lock, not
+            # pysqlite's 5 s (the scheduler exits on "database is locked", seen under make test's load)
+            **(celery.env() if celery else {
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}?timeout=60"}),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)  # the deployment's own store unless extra_env names one
         self.env.update(extra_env or {})
