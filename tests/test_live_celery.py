@@ -73,10 +73,13 @@ def _worker_logs(live: LiveAirflow) -> dict[str, str]:
 
 def test_each_celery_worker_preloads_the_heavy_task_imports(deployment):
     """deploy/airflow-values.yaml's ``celery_config_options``: imported once per worker, before it
-    forks task processes (the preflight gate's 3 s of Great Expectations import, paid at start-up)."""
+    forks task processes (the preflight gate's 3 s of Great Expectations import, paid at start-up),
+    and the supervisor's exit wait installed in the process its task supervisors are forked from."""
     for name in ("celery-worker-1", "celery-worker-2"):
-        wait_for(f"{name} to preload", lambda name=name: "preloaded Great Expectations"
-                 in deployment.log_path(name).read_text(), timeout_s=120)
+        line = wait_for(f"{name} to preload", lambda name=name: next(
+            (ln for ln in deployment.log_path(name).read_text().splitlines() if "preloaded Great Expectations" in ln),
+            None), timeout_s=120)
+        assert "supervisor exit wait installed" in line, line
 
 
 def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(deployment):

@@ -41,7 +41,7 @@ def preload(*args: Any, **kwargs: Any) -> None:
     from taxiway_airflow import failure_summary, params, pipeline, refresh, supervisor_exit, sweep_pipeline, sweep_tasks  # noqa: F401
 
     documents_check.quiet_ge()
-    supervisor_exit.install()
+    exit_wait = supervisor_exit.install()
     gc.freeze()
-    log.info("preloaded Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports in %.1f s",
-             time.monotonic() - started)
+    log.info("preloaded Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports in %.1f s; "
+             "supervisor exit wait %s", time.monotonic() - started, "installed" if exit_wait else "NOT installed")
