@@ -162,20 +162,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.fixture(scope="session")
 def live_airflow(tmp_path_factory):
-    """A live Airflow on loopback (tests/live_airflow.py) with the tiny config's corpus, DAG unpaused."""
+    """A live Airflow on loopback (tests/live_airflow.py), LocalExecutor on a PostgreSQL database of its
+    own, with the tiny config's corpus, DAG unpaused."""
     from live_airflow import LiveAirflow
+    from postgres import fresh_db, pg_uri
 
     from pipelines.demo_data import write_demo_data
 
-    live = LiveAirflow(tmp_path_factory.mktemp("live"), extra_env={"TAXIWAY_CONFIG": str(TINY)})
-    write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
-    live.start()
-    try:
-        live.wait_dag("taxiway_train")
-        live.unpause("taxiway_train")
-        yield live
-    finally:
-        live.stop()
+    with fresh_db("taxiway_live") as metadata:
+        live = LiveAirflow(tmp_path_factory.mktemp("live"), metadata_uri=pg_uri(metadata),
+                           extra_env={"TAXIWAY_CONFIG": str(TINY)})
+        write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
+        live.start()
+        try:
+            live.wait_dag("taxiway_train")
+            live.unpause("taxiway_train")
+            yield live
+        finally:
+            live.stop()
 
 
 @pytest.fixture(scope="module")

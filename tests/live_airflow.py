@@ -93,8 +93,11 @@ class CeleryShape:
 class LiveAirflow:
     """Start with ``start()``, stop with ``stop()``; ``api`` is an authenticated REST client."""
 
-    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None,
+    def __init__(self, root: Path, *, metadata_uri: str | None = None, extra_env: dict[str, str] | None = None,
                  celery: CeleryShape | None = None) -> None:
+        """``metadata_uri``: the LocalExecutor shape's metadata database (a ``CeleryShape`` names its own)."""
+        if (metadata_uri is None) == (celery is None):
+            raise ValueError("name the metadata database: metadata_uri for the LocalExecutor shape, or a CeleryShape")
         self.root = root
         self.home = root / "airflow"
         self.taxiway_home = root / "taxiway"
@@ -135,10 +138,10 @@ class LiveAirflow:
             # what a deployment gives its workers so failure callbacks can set a run's note (REST)
             "TAXIWAY_AIRFLOW_URL": self.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
             "TAXIWAY_AIRFLOW_PASSWORD": self.password,
-            # SQLite metadata unless Celery's PostgreSQL: a writer waits up to 60 s for the lock, not
-            # pysqlite's 5 s (the scheduler exits on "database is locked", seen under make test's load)
-            **(celery.env() if celery else {
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}?timeout=60"}),
+            # PostgreSQL, not SQLite: under make test's load the scheduler held SQLite's one write lock for
+            # tens of seconds (it exited on "database is locked" at pysqlite's 5 s busy timeout; at 60 s
+            # the api-server's trigger calls outlasted the client's 30 s read timeout instead)
+            **(celery.env() if celery else {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_uri}),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)  # the deployment's own store unless extra_env names one
         self.env.update(extra_env or {})
@@ -286,10 +289,9 @@ class LiveAirflow:
 
 
 class _RetryingClient(httpx.Client):
-    """On SQLite metadata the api-server answers any request 500 "Database error" when the scheduler
-    held the write lock past SQLite's busy timeout; such an answer changed nothing and is retried
-    (any other answer, a 4xx included, is the request's own), as is a refused connection while an
-    api-server restarts."""
+    """The api-server answers any request 500 "Database error" while the metadata database does not
+    answer (a fault test stops it); such an answer changed nothing and is retried (any other answer,
+    a 4xx included, is the request's own), as is a refused connection while an api-server restarts."""
 
     def request(self, *args: Any, **kwargs: Any) -> httpx.Response:
         for attempt in range(30):  # an api-server restarting (a fault test) answers again within ~30 s
