@@ -196,21 +196,17 @@ def test_bad_data_fails_at_the_preflight_gate_from_three_mapped_shards(dag, home
 
 def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp_path: Path, monkeypatch):
     """MLflow's tracking server is down when registration starts: the task fails as a transient
-    failure, Airflow retries it with back-off, and it succeeds once the server is up."""
-    import signal
-    import subprocess
-    import sys
+    failure, Airflow retries it with back-off, and it succeeds once the server is up. The server
+    starts with the test behind a relay that refuses connections until the first try has failed, so
+    the store comes back then, not whenever a loaded machine finishes starting it."""
     import threading
     from datetime import UTC, datetime
 
     from airflow.models import TaskInstance
     from airflow.utils.session import create_session
     from live_airflow import free_port, wait_for
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-    server: list[subprocess.Popen] = []
+    from mlflow_server import mlflow_server
+    from tcp_relay import Relay
 
     started = datetime.now(UTC)
 
@@ -220,33 +216,27 @@ def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp
                                                       TaskInstance.state == "up_for_retry",
                                                       TaskInstance.start_date >= started).count() > 0
 
-    def bring_the_store_back() -> None:
-        wait_for("registration's first try to fail", first_try_failed, 600, every_s=0.5)
-        server.append(subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-             "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    with mlflow_server(tmp_path / "mlflow") as server:
+        relay = Relay(free_port(), server.port)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{relay.port}")
+        reopened = threading.Event()
 
-    watcher = threading.Thread(target=bring_the_store_back, daemon=True)
-    watcher.start()
-    try:
-        dr = dag.test(run_conf={"config": str(TINY), "eval": {"baseline": "floor"},
-                                "registry": {"retries": 1, "retry_backoff_s": 0.1}})
-        watcher.join(5)
-        assert server, "registration never failed while the store was down"
-        assert str(dr.state) == "success", _states(dr)
-        tries = _tries(dr)
-        assert tries["register.model_version"] >= 2, tries
-        assert all(n == 1 for t, n in tries.items() if t != "register.model_version"), tries
-        from pipelines.registry import client
+        def bring_the_store_back() -> None:
+            wait_for("registration's first try to fail", first_try_failed, 600, every_s=0.2)
+            relay.open()
+            reopened.set()
 
-        assert client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version
-    finally:
-        for proc in server:  # the server and its workers: one process group
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        threading.Thread(target=bring_the_store_back, daemon=True).start()
+        try:
+            dr = dag.test(run_conf={"config": str(TINY), "eval": {"baseline": "floor"},
+                                    "registry": {"retries": 1, "retry_backoff_s": 0.1}})
+            assert reopened.is_set(), "registration never failed while the store was down"
+            assert str(dr.state) == "success", _states(dr)
+            tries = _tries(dr)
+            assert tries["register.model_version"] >= 2, tries
+            assert all(n == 1 for t, n in tries.items() if t != "register.model_version"), tries
+            from pipelines.registry import client
+
+            assert client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version
+        finally:
+            relay.close()
