@@ -12,10 +12,10 @@ taxiway_refresh (any DAG with this outlet does the same). See docs/refresh.md.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
 from taxiway_airflow import tasks
-from taxiway_airflow.params import default_config_path, form_defaults
+from taxiway_airflow.params import default_config_path, form_defaults, param
 from taxiway_airflow.refresh import landing_asset
 
 landing = form_defaults(default_config_path())["refresh"]["landing"]
@@ -27,9 +27,9 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={
-        "source": Param(type="string", minLength=1, title="Folder to land",
+        "source": param(type="string", minLength=1, title="Folder to land",
                         description="A folder on the workers holding train/ (and optionally val/), inside the data roots"),
-        "batch_id": Param(None, type=["null", "string"], title="Batch id",
+        "batch_id": param(None, type=["null", "string"], title="Batch id",
                           description="Letters, digits, '.', '_' or '-'; empty = this run's id"),
     },
     tags=["taxiway", "data", "refresh"],

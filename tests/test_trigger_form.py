@@ -25,9 +25,9 @@ def served() -> dict[str, Any]:
     return {dag_id: DagSerialization.from_dict(DagSerialization.to_dict(dag)) for dag_id, dag in bag.dags.items()}
 
 
-def _spec(dag) -> dict[str, dict[str, Any]]:
+def _spec(params) -> dict[str, dict[str, Any]]:
     """What the REST API's DAG details answer holds under ``params`` (DAGDetailsResponse.get_params)."""
-    return json.loads(json.dumps({k: v.dump() for k, v in dag.params.items()}))
+    return json.loads(json.dumps({k: v.dump() for k, v in params.items()}))
 
 
 def _required(spec: dict[str, Any]) -> bool:
@@ -49,7 +49,7 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
     from pipelines.config import SECTIONS
     from taxiway_airflow.form_fields import ADVANCED, GROUPS
 
-    spec = _spec(served["taxiway_train"])
+    spec = _spec(served["taxiway_train"].params)
     lr = spec["train_lr"]
     assert lr["value"] == 0.005 and lr["schema"]["title"] == "Learning rate (peak)"  # tiny.yaml's lr, validated
     assert lr["schema"]["section"] == "Training" and lr["schema"]["exclusiveMinimum"] == 0
@@ -81,7 +81,7 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
     assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent"))} <= optional
     assert not [k for k, s in spec.items() if _required(s) and s["value"] in (None, "", [])]  # no required field empty
 
-    refresh = _spec(served["taxiway_refresh"])
+    refresh = _spec(served["taxiway_refresh"].params)
     assert refresh["refresh_steps"]["schema"]["section"] == "Refresh" and refresh["refresh_steps"]["value"] == 40
     assert "refresh_steps" not in spec
 
@@ -100,7 +100,7 @@ def _accepted(dag, conf: dict[str, Any]) -> None:
 
 def test_form_conf_and_nested_rest_conf_make_the_same_run_config(served):
     dag = served["taxiway_train"]
-    form = {k: v["value"] for k, v in _spec(dag).items()}  # what the UI sends: every field, defaults included
+    form = {k: v["value"] for k, v in _spec(dag.params).items()}  # what the UI sends: every field, defaults included
     form.update(train_lr=0.01, model_n_layer=3, eval_baseline="floor", compute_nodes=1)
     form["train"] = {**form["train"], "grad_clip": 0.5}  # a field only the section's JSON shows
     rest = {"train": {"lr": 0.01, "grad_clip": 0.5}, "model": {"n_layer": 3}, "eval": {"baseline": "floor"},
@@ -110,7 +110,7 @@ def test_form_conf_and_nested_rest_conf_make_the_same_run_config(served):
     by_form, by_rest = _resolved(form), _resolved(rest)
     assert by_form == by_rest and by_form.sha256() == by_rest.sha256()
     assert (by_form.train.lr, by_form.model.n_layer, by_form.train.grad_clip, by_form.compute.nodes) == (0.01, 3, 0.5, 1)
-    assert _resolved({k: v["value"] for k, v in _spec(dag).items()}) == _resolved({})  # an untouched form changes nothing
+    assert _resolved({k: v["value"] for k, v in _spec(dag.params).items()}) == _resolved({})  # an untouched form changes nothing
     flat = _resolved({"train_lr": 0.01, "model_n_layer": 3, "eval_baseline": "floor", "compute_nodes": 1,
                       "train": {"grad_clip": 0.5}})  # REST may send form fields too
     assert flat == by_rest
@@ -124,7 +124,7 @@ def test_contradictions_are_refused_naming_both_keys_and_a_changed_value_wins(se
         overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.02}})
     assert "train_lr" in str(err.value) and "train.lr = 0.02" in str(err.value) and "send one of them" in str(err.value)
     assert overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.01}}) == {"train": {"lr": 0.01}}
-    default = _spec(served["taxiway_train"])["train_lr"]["value"]
+    default = _spec(served["taxiway_train"].params)["train_lr"]["value"]
     assert overrides_from_conf({"train_lr": default, "train": {"lr": 0.02}}) == {"train": {"lr": 0.02}}
     assert overrides_from_conf({"train_lr": 0.02, "train": {"lr": default}}) == {"train": {"lr": 0.02}}
     assert overrides_from_conf({"train": None, "parent": None}) == {}  # a cleared JSON editor changes nothing
@@ -166,3 +166,32 @@ def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served)
         assert where in (sweep[group].doc_md or "") and sweep[group].tooltip, group
     member = sweep["sweep"].children["sweep.member"]
     assert "eval/report.json" in (member.doc_md or "") and member.tooltip
+
+
+# keywords that draft 7 does not know (it would ignore them, so a schema using one validates less)
+_NEWER_THAN_DRAFT7 = {"prefixItems", "$defs", "dependentRequired", "dependentSchemas", "unevaluatedItems",
+                      "unevaluatedProperties", "$dynamicRef", "$dynamicAnchor", "$anchor", "minContains",
+                      "maxContains", "contentSchema", "$vocabulary"}
+
+
+def _keywords(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keywords(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keywords(v)}
+    return set()
+
+
+def test_every_param_is_checked_as_draft_7_which_knows_all_its_keywords(served):
+    """Airflow checks a Param's schema against its dialect's metaschema on every resolve, and DAG
+    serialization resolves each param of each task: draft 7's check is 4x cheaper than the default
+    2020-12 (bench/dag_parse_bench.py), and loses nothing only while no schema uses a newer keyword."""
+    import jsonschema
+
+    for dag_id, dag in served.items():
+        for holder, params in [(dag_id, dag.params), *((t.task_id, t.params) for t in dag.tasks)]:
+            for key, spec in _spec(params).items():
+                schema = spec["schema"]
+                assert jsonschema.validators.validator_for(schema) is jsonschema.Draft7Validator, (holder, key)
+                jsonschema.Draft7Validator.check_schema(schema)
+                assert not _keywords(schema) & _NEWER_THAN_DRAFT7, (holder, key, _keywords(schema) & _NEWER_THAN_DRAFT7)

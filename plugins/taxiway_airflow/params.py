@@ -25,6 +25,11 @@ from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, sugg
 from pipelines.roots import REPO, Roots
 from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, REFRESH_GROUP, SECTION_TITLES, FormField
 
+# Airflow checks a Param's schema against its dialect's metaschema on every resolve, and serializing
+# a DAG (the DAG processor on every parse, the api-server, dag.test) resolves every param of every
+# task twice: jsonschema's default dialect, 2020-12, checks 4x slower than draft 7 on these schemas,
+# which use no keyword that draft 7 lacks (bench/dag_parse_bench.py, tests/test_trigger_form.py).
+DIALECT = "http://json-schema.org/draft-07/schema#"
 FIELD_KEYS = tuple(f.key for f in ALL_FIELDS)
 CONF_KEYS = ("config", "set", *SECTIONS, *FIELD_KEYS)
 _MISSING = object()
@@ -107,37 +112,40 @@ def _field_schema(prop: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def param(*default: Any, **schema: Any) -> Any:
+    """An Airflow ``Param`` whose schema declares ``DIALECT``."""
+    from airflow.sdk import Param
+
+    return Param(*default, **schema, **{"$schema": DIALECT})
+
+
 def _form_field(f: FormField, default: Any, group: str, schemas: dict[str, dict[str, Any]]) -> Any:
     """The Param of one form field, in the form section ``group``; its description is the schema's
     (every form field has one) followed by its config path."""
-    from airflow.sdk import Param
-
     schema = _field_schema(schemas[f.section]["properties"][f.leaf])
     if f.values_display:
         schema["values_display"] = f.values_display
     if f.examples:
         schema["examples"] = list(f.examples)
     description = f"{schema.pop('description')} [{f.path}]"
-    return Param(copy.deepcopy(default), description=description, title=f.title, section=group, **schema)
+    return param(copy.deepcopy(default), description=description, title=f.title, section=group, **schema)
 
 
 def build_params(refresh: bool = False) -> dict[str, Any]:
     """The trigger form: run-level fields first (the form's open section), then ``form_fields``'s
     sections, then each config section's remaining fields as JSON; ``refresh`` adds the refresh
     section (taxiway_refresh)."""
-    from airflow.sdk import Param
-
     path = default_config_path()
     defaults = form_defaults(path)
     schemas = section_schemas()
     params: dict[str, Any] = {
-        "config": Param(path, type="string", pattern=r"\.ya?ml$", title="Config file",
+        "config": param(path, type="string", pattern=r"\.ya?ml$", title="Config file",
                         examples=Roots.from_env().config_files(),
                         description="YAML run config from this deployment's config roots (pick one or type a path "
                                     "inside them); every field below overlays it where it differs from its default"),
-        "name": Param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
-        "parent": Param(defaults["parent"], title=SECTION_TITLES["parent"], **_field_schema(schemas["parent"])),
-        "set": Param([], type=["array", "null"], items={"type": "string"}, title="Overrides",
+        "name": param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
+        "parent": param(defaults["parent"], title=SECTION_TITLES["parent"], **_field_schema(schemas["parent"])),
+        "set": param([], type=["array", "null"], items={"type": "string"}, title="Overrides",
                      description="key.path=value lines applied last, over everything else, e.g. train.lr=3e-4"),
     }
     groups = {**GROUPS, **(REFRESH_GROUP if refresh else {})}
@@ -152,7 +160,7 @@ def build_params(refresh: bool = False) -> dict[str, Any]:
         schema = _form_schema(schemas[name])
         schema["type"] = ["object", "null"]
         about = schema.pop("description")
-        params[name] = Param(copy.deepcopy(rest), **{**schema, "section": ADVANCED,
+        params[name] = param(copy.deepcopy(rest), **{**schema, "section": ADVANCED,
                                                      "title": f"{SECTION_TITLES[name]} ({name})"},
                              description=f"{about} Fields of {name} not shown above; a REST conf may send any "
                                          f"field of the section here, e.g. {{\"{name}\": {{...}}}}.")
@@ -225,10 +233,8 @@ def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:
 def sweep_param() -> Any:
     """taxiway_sweep's ``sweep`` field: a grid or a list of points (``pipelines.sweep.points`` checks it
     against the config in the first task). The default sweeps the learning rate around the form's."""
-    from airflow.sdk import Param
-
     lr = form_defaults(default_config_path())["train"]["lr"]
-    return Param({"train.lr": [lr, float(f"{lr / 3:.3g}")]}, type=["object", "array"], title="Sweep",
+    return param({"train.lr": [lr, float(f"{lr / 3:.3g}")]}, type=["object", "array"], title="Sweep",
                  description="A grid over dotted config leaves, every combination trained: "
                              "{\"train.lr\": [0.001, 0.0003], \"model.n_layer\": [2, 4]}; or a list of points: "
                              "[{\"train.lr\": 0.001}, {\"train.lr\": 0.0003, \"train.steps\": 200}]. 2 to 16 "
