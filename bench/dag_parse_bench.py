@@ -1,9 +1,10 @@
-"""DAG parse time: how long the DAG processor spends importing the dags/ folder.
+"""DAG parse time: how long the DAG processor spends on each file of the dags/ folder.
 
-For each file of dags/, runs N fresh interpreters that each build a DagBag of that one file (what
-the DAG processor does per file) and reports the median parse time measured inside Airflow
-(DagBag's own timer) and the median wall time of the whole interpreter, next to an empty DAG file
-as the floor.
+For each file of dags/, runs N fresh interpreters that each build a DagBag of that one file and
+serialize its DAG (what the DAG processor does per file, and what the api-server and ``dag.test``
+do again) and reports the medians of the parse time measured inside Airflow (DagBag's own timer),
+of the serialization (``DagSerialization.to_dict``, which resolves every param of every task) and
+of the whole interpreter's wall time, next to an empty DAG file as the floor.
 
     .venv/bin/python bench/dag_parse_bench.py [--runs 7]
 """
@@ -26,10 +27,16 @@ _PROBE = """
 import json, sys, time
 sys.path.insert(0, {plugins!r})
 from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
 t = time.perf_counter()
 bag = DagBag(dag_folder={folder!r})
 elapsed = time.perf_counter() - t
-print(json.dumps({{"parse_s": elapsed, "errors": len(bag.import_errors), "dags": len(bag.dags)}}))
+t = time.perf_counter()
+for dag in bag.dags.values():
+    DagSerialization.to_dict(dag)
+serialized = time.perf_counter() - t
+print(json.dumps({{"parse_s": elapsed, "serialize_s": serialized, "errors": len(bag.import_errors),
+                   "dags": len(bag.dags)}}))
 """
 
 _EMPTY_DAG = """
@@ -42,7 +49,7 @@ with DAG("empty", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UT
 
 
 def measure(dag_file: Path, runs: int) -> dict:
-    parse, wall = [], []
+    parse, serialize, wall = [], [], []
     for _ in range(runs):
         code = _PROBE.format(plugins=str(REPO / "plugins"), folder=str(dag_file))
         t = time.perf_counter()
@@ -51,7 +58,9 @@ def measure(dag_file: Path, runs: int) -> dict:
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result["errors"] == 0 and result["dags"] == 1, result
         parse.append(result["parse_s"])
-    return {"parse_median_s": statistics.median(parse), "wall_median_s": statistics.median(wall)}
+        serialize.append(result["serialize_s"])
+    return {"parse_median_s": statistics.median(parse), "serialize_median_s": statistics.median(serialize),
+            "wall_median_s": statistics.median(wall)}
 
 
 def main() -> None:
