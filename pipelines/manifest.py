@@ -133,5 +133,5 @@ def digest(path: str | Path) -> str:
 def root_of(path: str | Path) -> storage.Location:
     """The folder manifest paths are relative to."""
     loc = storage.locate(path)
-    return storage.Location(loc.fs, str(PurePosixPath(loc.path).parent), loc.protocol)
+    return storage.Location(loc.filesystem, str(PurePosixPath(loc.path).parent), loc.protocol)
 
