@@ -110,9 +110,13 @@ def tampered_run(dag, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
-# the live modules, longest first (make test --durations, 2026-12-01: about 480, 310, 230 and 120 s)
+# the longest modules first (pytest --durations=0, 2026-12-02, seconds per module): the live ones (conf 722,
+# cancel 548, Celery 488, refresh 234, sweep 220, UI 113), then the longest others (registry 630, e2e 358,
+# gang 326, refresh DAG 274, FSDP 129, CLI 102, e2e sweep 100), so no long module starts last and runs alone
 LIVE_ORDER = ("test_live_conf.py", "test_live_cancel.py", "test_live_celery.py", "test_live_refresh.py",
-              "test_live_sweep.py")
+              "test_live_sweep.py", "test_live_ui.py")
+LONG_ORDER = ("test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_trainer_fsdp.py",
+              "test_cli.py", "test_e2e_sweep.py")
 
 
 def run_note(dag_id: str, run_id: str) -> str | None:
@@ -125,23 +129,24 @@ def run_note(dag_id: str, run_id: str) -> str | None:
         return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).note
 
 
-def _live_rank(item: pytest.Item) -> int:
-    return LIVE_ORDER.index(item.path.name) if item.path.name in LIVE_ORDER else len(LIVE_ORDER)
+def _rank(item: pytest.Item) -> int:
+    order = LIVE_ORDER + LONG_ORDER
+    return order.index(item.path.name) if item.path.name in order else len(order)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Start the longest chains first when distributed, last when serial.
+    """Start the longest chains first when distributed, the live ones last when serial.
 
     Under pytest-xdist (``make test`` runs ``-n 3``, scheduled by ``pytest_xdist_make_scheduler``
     below) each module is a work unit; the live modules are the longest, so they go out first,
-    longest first, each to its own worker, and the other modules fill the workers after them. Run
-    serially, live tests go last instead: their session's Airflow would otherwise idle beside every
-    other test."""
+    longest first, each to its own worker, then the longest other modules, and the rest (in random
+    order) fill the workers after them. Run serially, live tests go last instead: their session's
+    Airflow would otherwise idle beside every other test."""
     for item in items:
         live = item.get_closest_marker("live") is not None
         assert live == item.path.name.startswith(LIVE_MODULES), f"{item.nodeid}: live tests go in {LIVE_MODULES}*.py"
     distributed = config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
-    items.sort(key=lambda item: ((item.get_closest_marker("live") is not None) != distributed, _live_rank(item)))
+    items.sort(key=lambda item: ((item.get_closest_marker("live") is not None) != distributed, _rank(item)))
 
 
 @pytest.hookimpl(optionalhook=True)
