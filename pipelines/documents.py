@@ -12,7 +12,6 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from pipelines import storage
 from pipelines.errors import BadInput
@@ -41,7 +40,9 @@ def split_files(spec: str) -> list[storage.Location]:
 def file_format(loc: storage.Location, declared: str | None = None) -> str:
     if declared:
         return declared
-    suffix = PurePosixPath(loc.path).suffix.lower()
+    name = loc.path.rpartition("/")[2]
+    dot = name.rfind(".")
+    suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""  # PurePosixPath.suffix, without its parse
     try:
         return FORMATS[suffix]
     except KeyError:

@@ -114,6 +114,12 @@ def sha256(loc: Location) -> str:
 
 
 def relative(loc: Location, root: Location) -> str:
+    """``loc``'s path below ``root``'s; ValueError when it is not below. A plain prefix cut where
+    the rest is already normal (once per document on the overlap check's path), else pathlib's."""
+    base = root.path.rstrip("/") + "/"
+    rest = loc.path[len(base):]
+    if loc.path.startswith(base) and rest and "//" not in rest and "/." not in "/" + rest and not rest.endswith("/"):
+        return rest
     return PurePosixPath(loc.path).relative_to(PurePosixPath(root.path)).as_posix()
 
 
