@@ -8,6 +8,7 @@ later stages: the first problem is an error naming the file (and line).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -108,9 +109,17 @@ def parse(raw: bytes, loc: storage.Location, fmt: str | None = None) -> Iterator
         raise DocumentError(f"{uri}: unknown format {fmt!r}")
 
 
-def read_documents(loc: storage.Location, fmt: str | None = None) -> Iterator[tuple[str, str]]:
-    """``(doc_id, text)`` pairs; the first unreadable document is an error naming it."""
-    for rec in records(loc, fmt):
+def read_documents(loc: storage.Location, fmt: str | None = None,
+                   sha256: str | None = None) -> Iterator[tuple[str, str]]:
+    """``(doc_id, text)`` pairs; the first unreadable document is an error naming it. With
+    ``sha256`` (the manifest's), a file whose bytes hash otherwise is an error too: whatever is
+    cached under a key made of manifest hashes must be made of the content they name, even when it
+    is read before the preflight gate has checked the files."""
+    raw = storage.read_bytes(loc)
+    if sha256 is not None and (actual := hashlib.sha256(raw).hexdigest()) != sha256:
+        raise DocumentError(f"{loc.uri()}: content differs from the manifest (sha256 {actual[:12]}…, manifest "
+                            f"{sha256[:12]}…); rebuild the manifest if the change is intended")
+    for rec in parse(raw, loc, fmt):
         if rec.problem:
             raise DocumentError(f"{rec.doc_id}: {rec.problem}")
         yield rec.doc_id, rec.text

@@ -459,3 +459,24 @@ def test_shards_on_two_processes_equal_the_unsharded_pack(corpus: Path, tmp_path
     stats = packed.manifest()["stats"]
     assert packed.key == whole.key and stats["groups_reused"] == stats["groups"] > 1, stats
     assert _packed_files(packed) == _packed_files(whole)
+
+
+def test_a_file_that_differs_from_its_manifest_entry_is_never_cached_under_that_entry(corpus: Path, tmp_path: Path, monkeypatch):
+    """Cache keys hash the manifest's sha256 of each file; tokenize shards and the tokenizer start
+    beside the preflight checks, before the manifest check has judged the files. A tampered file is
+    therefore an error naming it, and nothing it went into is cached: once the file is put back,
+    the tokens and the tokenizer are those of the manifest's content, not of the tampered one."""
+    from pipelines import tokenize
+    from pipelines.documents import DocumentError
+
+    victim = corpus / "train" / "005.txt"
+    original = victim.read_bytes()
+    victim.write_bytes(original.replace(b"return", b"yield"))
+    for cfg in (_cfg(corpus), _cfg(corpus, f"tokenizer.path={_tokenizer_file()}")):  # trained, then given
+        with pytest.raises(DocumentError, match=r"train/005\.txt: content differs from the manifest"):
+            tokenize.run(cfg)
+    victim.write_bytes(original)
+    first = tokenize.run(_cfg(corpus))
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "clean-home"))  # an empty cache: what the manifest's content gives
+    clean = tokenize.run(_cfg(corpus))
+    assert first.key == clean.key and _packed_files(first) == _packed_files(clean)

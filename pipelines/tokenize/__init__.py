@@ -92,7 +92,7 @@ def tokenizer_for(cfg: RunConfig, train: list[FileRef]) -> Path:
     if not (folder / "tokenizer.json").is_file():
         with cache.building(folder):
             if not (folder / "tokenizer.json").is_file():  # else trained by another run meanwhile
-                texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format))
+                texts = (text for ref in train for _, text in read_documents(ref.loc, cfg.data.format, ref.sha256))
                 with fsio.staged_dir(folder) as stage:
                     bpe.train(texts, cfg.tokenizer).save(str(stage / "tokenizer.json"))
     return folder / "tokenizer.json"

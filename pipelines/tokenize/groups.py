@@ -130,7 +130,7 @@ def _read(group: list[FileRef], folder: Path, data_format: str | None,
     """Read ``group``'s documents and submit them in batches of ``_BATCH_DOCS`` / ``_BATCH_CHARS``."""
     job, batch, pending = _Pending(folder, [f.path for f in group]), [], 0
     for ref in group:
-        for _, text in read_documents(ref.loc, data_format):
+        for _, text in read_documents(ref.loc, data_format, ref.sha256):
             batch.append(text)
             job.chars += len(text)
             pending += len(text)
