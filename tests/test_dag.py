@@ -32,6 +32,11 @@ def test_dag_folder_has_no_import_errors():
     shard = dag.get_task("tokenize.shard")
     assert shard.upstream_task_ids == {"tokenize.tokenizer", "resolve_config"}
     assert shard.get_needs_expansion() and shard.downstream_task_ids == {"tokenize.pack"}
+    # the tokenizer and the shards run beside the gate, queued after it; the pack, and all after it,
+    # wait for the gate
+    assert dag.get_task("tokenize.tokenizer").upstream_task_ids == {"resolve_config", "preflight.scan"}
+    assert dag.get_task("tokenize.pack").upstream_task_ids == {"tokenize.shard", "preflight.gate", "resolve_config"}
+    assert "tokenize.shard" not in dag.get_task("preflight.gate").get_flat_relative_ids(upstream=True)
 
 
 def test_sweep_dag_maps_members_between_shared_stages_and_ranking():

@@ -26,19 +26,30 @@ def launcher() -> str:
 
 
 def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
-    """preflight → tokenize for the run folder XCom ``run``: what a sweep's members share. Returns
-    the first and the last group."""
+    """preflight and tokenize for the run folder XCom ``run``: what a sweep's members share. Returns
+    the first and the last group.
+
+    The gate holds back the pack, and with it everything after; the tokenizer and the shards run
+    beside the gate. Their work does not depend on the verdict (the tokenizer learns from the train
+    split, which the gate never changes; a shard encodes groups of files as the manifest names them,
+    and a decontaminated val is new groups the pack encodes), and what they cache is keyed by
+    content they verify as they read it (``documents.read_documents``). The tokenizer starts once
+    the scans are done, so the gate is queued with it, ahead of every shard: an executor's queue
+    is first come, first served (Celery's is), and a gate queued behind the shards (as when the
+    tokenizer followed the plan) gave its verdict only after them, on a slot of its own."""
     with TaskGroup("preflight", **STAGES["preflight"]._asdict()) as preflight:
         shards = tasks.preflight_plan.override(task_id="plan")(run)
         scanned = tasks.preflight_scan.override(task_id="scan").partial(run=run).expand(shard=shards)
-        tasks.preflight_gate.override(task_id="gate")(run, scanned)
+        gate = tasks.preflight_gate.override(task_id="gate")(run, scanned)
 
     with TaskGroup("tokenize", **STAGES["tokenize"]._asdict()) as tokenize:
         shards = tasks.tokenize_plan.override(task_id="tokenizer")(run)
+        scanned >> shards
         encoded = tasks.tokenize_shard.override(task_id="shard").partial(run=run).expand(shard=shards)
-        encoded >> tasks.tokenize.override(task_id="pack")(run)
+        pack = tasks.tokenize.override(task_id="pack")(run)
+        encoded >> pack
 
-    preflight >> tokenize
+    gate >> pack
     return preflight, tokenize
 
 

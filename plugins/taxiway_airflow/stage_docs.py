@@ -31,8 +31,12 @@ val split). Thresholds: the form's *Preflight gate* section.""",
         """**Tokenize**: `tokenizer` trains a byte-level BPE on the train split (or takes the parent's)
 and cuts the file groups into shards of about `pack.shard_bytes`; each mapped `shard` task encodes
 its groups into the token cache on one core; `pack` joins the documents by end-of-text into
-`seq_len + 1` token windows with a document-boundary index. Unchanged inputs are a cache hit (the
-task logs say so), so a retried shard redoes only what it had not cached.
+`seq_len + 1` token windows with a document-boundary index. The tokenizer starts when the
+preflight scans are done, so it and the shards run beside the gate; `pack` waits for the gate, so
+nothing is trained on data it refused.
+Every file is checked against its manifest sha256 as it is read (a changed file is an error naming
+it), so the cache holds only what the manifest names. Unchanged inputs are a cache hit (the task
+logs say so), so a retried shard redoes only what it had not cached.
 
 Outputs: `$TAXIWAY_HOME/cache/packed/<content hash>/` (shards, index, `manifest.json`, tokenizer),
 linked from `<run>/tokenize/packed.json`; the plan in `<run>/tokenize/shards/`.""",
