@@ -7,7 +7,8 @@ would run them. A ``taxiway_train`` run on the generated 10x corpus (``bench/cor
 the span from the first preflight task's start to the end of ``tokenize.pack``, read from the task
 instances' own start/end times (so the trigger and scheduler start-up are outside it, the scheduling of
 every task inside it). The run is then marked failed over REST so training does not compete with the
-next repeat, and the cache is emptied (every repeat cold). The tokenizer is a fixed ``tokenizer.path``
+next repeat (which waits until every task process of this one has exited), and the cache is emptied
+(every repeat cold). The tokenizer is a fixed ``tokenizer.path``
 (trained once on the 1x corpus, outside the span): BPE training is one multi-threaded step that does
 not shard, and a deployment refreshing models keeps its tokenizer.
 
@@ -65,6 +66,20 @@ def task_instances(live: LiveAirflow, run_id: str) -> list[dict]:
             return rows
 
 
+def _task_processes() -> list[int]:
+    """Processes running a task: the task processes Airflow's supervisors fork (titled ``airflow
+    worker -- <id>``; a Celery pool process keeps its ``airflow supervisor`` title between tasks)
+    and what they started (the trainer)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if line.startswith("airflow worker -- ") or " -m trainer " in f"{line} ":
+            found.append(proc.pid)
+    return found
+
+
 def tokenizer(one: Path, out: Path) -> Path:
     """The tiny config's tokenizer trained on the 1x train split: the run's fixed ``tokenizer.path``."""
     from pipelines.config import load_config
@@ -97,6 +112,10 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"}).raise_for_status()
     wait_for(f"the tasks of {run_id} to stop", lambda: not any(  # the next repeat gets an idle machine
         t["state"] in ("running", "queued", "deferred") for t in task_instances(live, run_id)), 120, every_s=1)
+    # a task's state is final before its process has gone: the supervisor kills a task of a run marked
+    # failed at its next heartbeat, and meanwhile the smoke test (queued when pack succeeded) kept one
+    # of two workers busy into the next repeat's span
+    wait_for(f"the task processes of {run_id} to exit", lambda: not _task_processes(), 120, every_s=0.5)
     tis = [t for t in task_instances(live, run_id) if t["task_id"].startswith(STAGES) and t["start_date"]]
     start = min(_ts(t["start_date"]) for t in tis)
     end = max(_ts(t["end_date"]) for t in tis if t["task_id"] == LAST)
