@@ -29,8 +29,17 @@ class Relay:
             except OSError:  # closed
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(src, dst), daemon=True).start()
+            threading.Thread(target=_relay, args=(client, server), daemon=True).start()
+
+
+def _relay(client: socket.socket, server: socket.socket) -> None:
+    """Both directions until each side has closed its end, then both sockets are closed."""
+    back = threading.Thread(target=_pump, args=(server, client), daemon=True)
+    back.start()
+    _pump(client, server)
+    back.join()
+    client.close()
+    server.close()
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
