@@ -345,8 +345,8 @@ def test_groups_encoded_ahead_equal_groups_encoded_one_at_a_time(tmp_path: Path,
     docs = DOCS["train"] + DOCS["val"]
     for i, text in enumerate(docs):
         (tmp_path / f"{i:03d}.txt").write_text(text)
-    refs = [groups.FileRef(f"train/{i:03d}.txt", f"sha{i}", storage.locate(str(tmp_path / f"{i:03d}.txt")))
-            for i in range(len(docs))]
+    refs = [groups.FileRef(f"train/{i:03d}.txt", hashlib.sha256(text.encode()).hexdigest(),
+                           storage.locate(str(tmp_path / f"{i:03d}.txt"))) for i, text in enumerate(docs)]
     cut = [refs[i:i + 7] for i in range(0, len(refs), 7)]
     cache = Cache(tmp_path / "cache")
     groups.tokenize_group(cut[2], encode, "tok", eos, dtype, None, cache)  # one group already cached
