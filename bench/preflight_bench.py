@@ -3,7 +3,8 @@ multi-process figures apart, every method's pairs diffed against exact Jaccard; 
 
 Same corpus, same parameters (128 permutations, 5-word shingles, threshold 0.8, LSH 16 bands x 8
 rows — the optimum for 0.8 with recall weighted, as Taxiway derives it); each method in its own
-fresh process, timed after imports, from reading the files to the pairs; peak RSS = VmHWM.
+fresh process, timed after imports, from reading the files to the pairs; peak RSS = VmHWM. The
+repeats go round by round (each method once a round), so a drift in the machine's speed shifts all alike.
 "One process" is pinned to one core, so thread pools inside a library (rensa's batch APIs) get
 one core too.
 
@@ -366,10 +367,17 @@ def _mb(data: Path) -> float:
 
 
 def _measure_all(methods: dict, data: Path, repeats: int, slow_repeats: int, mb: float) -> tuple[dict, dict]:
+    """Round by round, every method once a round (the slow ones in their first ``slow_repeats``
+    rounds): a machine whose speed drifts during the run shifts every method alike."""
     rows, pairs = {}, {}
-    for name, (method, workers, cores) in methods.items():
-        n = slow_repeats if method in SLOW else repeats
-        runs = [harness.measure(__file__, [method, str(data), str(workers)], cores) for _ in range(n)]
+    counts = {name: slow_repeats if method in SLOW else repeats for name, (method, _, _) in methods.items()}
+    all_runs: dict[str, list[dict]] = {name: [] for name in methods}
+    for r in range(max(counts.values(), default=0)):
+        for name, (method, workers, cores) in methods.items():
+            if r < counts[name]:
+                all_runs[name].append(harness.measure(__file__, [method, str(data), str(workers)], cores))
+    for name, (_, workers, cores) in methods.items():
+        runs = all_runs[name]
         rows[name] = {**harness.summary(runs), "workers": workers, "cores": cores, "pairs": len(set(map(tuple, runs[0]["pairs"])))}
         rows[name]["mb_per_s"] = round(mb / rows[name]["median_s"], 2)
         pairs[name] = runs[0]["pairs"]
