@@ -41,7 +41,7 @@ def split_files(spec: str) -> list[storage.Location]:
 def file_format(loc: storage.Location, declared: str | None = None) -> str:
     if declared:
         return declared
-    name = loc.path.rpartition("/")[2]
+    name = next((part for part in reversed(loc.path.split("/")) if part not in ("", ".")), "")
     dot = name.rfind(".")
     suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""  # PurePosixPath.suffix, without its parse
     try:

@@ -115,12 +115,19 @@ def sha256(loc: Location) -> str:
 
 def relative(loc: Location, root: Location) -> str:
     """``loc``'s path below ``root``'s; ValueError when it is not below. A plain prefix cut where
-    the rest is already normal (once per document on the overlap check's path), else pathlib's."""
-    base = root.path.rstrip("/") + "/"
-    rest = loc.path[len(base):]
-    if loc.path.startswith(base) and rest and "//" not in rest and "/." not in "/" + rest and not rest.endswith("/"):
-        return rest
+    both paths are as pathlib would spell them (once per document on the overlap check's path),
+    else pathlib's (tests/test_storage.py holds the two equal)."""
+    if _plain(loc.path) and _plain(root.path):
+        base = root.path if root.path.endswith("/") else root.path + "/"
+        if loc.path.startswith(base) and len(loc.path) > len(base):
+            return loc.path[len(base):]
     return PurePosixPath(loc.path).relative_to(PurePosixPath(root.path)).as_posix()
+
+
+def _plain(path: str) -> bool:
+    """No part pathlib would rewrite: doubled slashes, ``.`` segments, a trailing slash."""
+    return (path not in ("", ".") and "//" not in path and "/./" not in path and not path.endswith("/.")
+            and not path.startswith("./") and (path == "/" or not path.endswith("/")))
 
 
 def write_text(loc: Location, text: str) -> str:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import REPO
 
@@ -48,3 +50,35 @@ def test_reading_local_data_does_not_import_fsspec(tmp_path: Path):
             "print('fsspec' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stdout
+
+
+_SEGMENT = st.sampled_from(["a", "b.txt", ".hidden", "..", ".", "", "c.tar.gz", "d.", "é.JSONL", "x.Parquet"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(root=st.lists(_SEGMENT, max_size=3), below=st.lists(_SEGMENT, max_size=4))
+def test_relative_paths_and_suffixes_are_pathlibs(root: list[str], below: list[str]):
+    """``storage.relative`` and ``documents.file_format`` cut strings instead of parsing paths
+    (once per document on the overlap check's path); the oracle is pathlib, on paths with empty,
+    dot, dot-dot and hidden segments, and paths that are not below the root."""
+    from pathlib import PurePosixPath
+
+    from pipelines import storage
+    from pipelines.documents import FORMATS, DocumentError, file_format
+
+    base = "/" + "/".join(root)
+    for path in (base + "/" + "/".join(below), "/elsewhere/" + "/".join(below)):
+        loc, top = storage.Location(None, path, "file"), storage.Location(None, base, "file")
+        try:
+            expected = PurePosixPath(path).relative_to(PurePosixPath(base)).as_posix()
+        except ValueError:
+            with pytest.raises(ValueError):
+                storage.relative(loc, top)
+        else:
+            assert storage.relative(loc, top) == expected, (path, base)
+        suffix = PurePosixPath(path).suffix.lower()
+        if suffix in FORMATS:
+            assert file_format(loc) == FORMATS[suffix], path
+        else:
+            with pytest.raises(DocumentError, match=f"extension '{suffix}'"):
+                file_format(loc)
