@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import time_scale
 
 REPO = Path(__file__).resolve().parents[1]
 _ROOT = Path(tempfile.mkdtemp(prefix="taxiway-test-"))
@@ -134,8 +135,20 @@ def _rank(item: pytest.Item) -> int:
     return order.index(item.path.name) if item.path.name in order else len(order)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller measures how slow this machine is (tests/time_scale.py) before any worker
+    starts; the workers inherit the factor through the environment. A factor set by hand wins."""
+    if not hasattr(config, "workerinput") and time_scale.ENV not in os.environ:
+        os.environ[time_scale.ENV] = f"{time_scale.measure():.2f}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"time limits scaled by {time_scale.factor():.2f} ({time_scale.ENV}: this machine against the fast VM)"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Start the longest chains first when distributed, the live ones last when serial.
+    """Start the longest chains first when distributed, the live ones last when serial; scale each
+    test's time limit (pytest-timeout's mark, or ``--timeout``) by the machine's factor.
 
     Under pytest-xdist (``make test`` runs ``-n 3``, scheduled by ``pytest_xdist_make_scheduler``
     below) each module is a work unit; the live modules are the longest, so they go out first,
@@ -147,6 +160,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         assert live == item.path.name.startswith(LIVE_MODULES), f"{item.nodeid}: live tests go in {LIVE_MODULES}*.py"
     distributed = config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
     items.sort(key=lambda item: ((item.get_closest_marker("live") is not None) != distributed, _rank(item)))
+    default = config.getoption("timeout", None)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        limit = mark.args[0] if mark and mark.args else default
+        if limit:
+            item.add_marker(pytest.mark.timeout(time_scale.scaled(float(limit))), append=False)
 
 
 @pytest.hookimpl(optionalhook=True)

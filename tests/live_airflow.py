@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import time_scale
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,8 @@ def free_port() -> int:
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5,
              explain: Callable[[], str] | None = None) -> Any:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and what ``explain``
-    says about the state it was stuck in) after ``timeout_s``."""
+    says about the state it was stuck in) after ``timeout_s`` on the fast VM, scaled to this one."""
+    timeout_s = time_scale.scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         if value := probe():
@@ -134,6 +136,10 @@ class LiveAirflow:
             "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
             "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # a task's calls to the execution API (start, heartbeat, final state) wait 5 s by default: under
+            # make test's load on a slow VM the one api-server answered later, a final state went unreported
+            # and the task was retried (a bad-input failure on its third try)
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(time_scale.scaled(30)),
             "PYTHONUNBUFFERED": "1",
             # what a deployment gives its workers so failure callbacks can set a run's note (REST)
             "TAXIWAY_AIRFLOW_URL": self.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
@@ -159,7 +165,7 @@ class LiveAirflow:
         for name, _, _ in self.components:
             self.launch(name)
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
-        self.api = _RetryingClient(base_url=self.url, timeout=30,
+        self.api = _RetryingClient(base_url=self.url, timeout=time_scale.scaled(30),
                                    headers={"Authorization": f"Bearer {self.token()}"})
         return self
 

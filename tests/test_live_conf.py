@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import time_scale
 from live_airflow import wait_for
 
 from conftest import REPO
@@ -109,7 +110,7 @@ def test_readme_rest_example_works_verbatim_on_a_paused_dag(live_airflow):
     env = {**os.environ, "AIRFLOW_URL": live.url, "AIRFLOW_PASSWORD": live.password,
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     out = subprocess.run(["bash", "-euo", "pipefail", "-c", _readme_rest_example()], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=time_scale.scaled(120))
     assert out.returncode == 0, out.stdout + out.stderr
     after = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"limit": 200}).json()["dag_runs"]
     new = [r["dag_run_id"] for r in after if r["dag_run_id"] not in before]

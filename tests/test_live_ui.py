@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import time_scale
 
 from conftest import REPO
 
@@ -53,7 +54,7 @@ def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_a
     assert live.wait_run(DAG, bad_id, timeout_s=300)["state"] == "failed"
 
     page = browser.new_page(viewport={"width": 1440, "height": 900})
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(time_scale.scaled(60_000))
     try:
         _walk_the_console(page, live, good_id, bad_id, shots)
     except Exception:
@@ -64,7 +65,7 @@ def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_a
 def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> None:
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=60_000)  # the UI's first load on a busy machine takes seconds
+    expect.set_options(timeout=time_scale.scaled(60_000))  # the UI's first load on a busy machine takes seconds
     page.goto(f"{live.url}/")
     page.locator("input[name=username]").fill("admin")
     page.locator("input[name=password]").fill(live.password)
