@@ -5,8 +5,9 @@ Same texts, same tokenizer (8192-token byte-level BPE trained on the demo train 
 - tiktoken: raw ``Encoding.encode_ordinary_batch`` over the texts already in memory, built from
   the tokenizer exactly as the stage builds it (``engine.tiktoken_encoding``) — the stage's own
   engine, so the ceiling of the stage (target: stage >= 0.85x its speed);
-- tiktoken_numpy: the call the stage makes, ``encode_to_numpy`` per document (ids as one uint32
-  buffer each, no Python ints) on a pool of the process's cores, over the same texts in memory;
+- tiktoken_numpy: the stage's encoder (``engine.batch_encoder``): ``encode_to_numpy`` per document
+  (ids as one uint32 buffer each, no Python ints) on a pool of the process's cores, one ``Encoding``
+  per thread, over the same texts in memory;
 - hf_fast: HF ``Tokenizer.encode_batch_fast`` (no offsets) over the same texts in memory;
 - taxiway: ``pipelines.tokenize.run`` end to end (manifest, read files, encode, pack windows,
   write shards and the token cache), cold cache, then warm (cache hit).
@@ -32,8 +33,6 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,13 +93,10 @@ def run_engine(method: str, data: Path, tok_path: Path) -> dict:
 
         def encode(batch: list[str]) -> list[list[int]]:
             return enc.encode_ordinary_batch(batch, num_threads=threads)
-    elif method == "tiktoken_numpy":
-        enc = engine.tiktoken_encoding(spec, {t["content"]: t["id"] for t in spec["added_tokens"]})
-        one = partial(enc.encode_to_numpy, allowed_special=frozenset(), disallowed_special=())
-        pool = ThreadPoolExecutor(engine.cores())
-
-        def encode(batch: list[str]) -> list:
-            return list(pool.map(one, batch))
+    elif method == "tiktoken_numpy":  # the stage's own encoder: batch_encoder picks tiktoken for this tokenizer
+        encoder = engine.batch_encoder(tok, tok_path)
+        assert encoder.__name__ == "tiktoken_bpe", encoder.__name__
+        encode = encoder.arrays
     else:
         def encode(batch: list[str]) -> list[list[int]]:
             return [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]

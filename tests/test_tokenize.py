@@ -222,6 +222,40 @@ def test_fast_engine_gives_hfs_ids(texts: list[str]):
     assert encode(texts) == one_thread(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
+def test_each_encoding_thread_has_an_encoding_of_its_own(monkeypatch):
+    """Threads sharing one tiktoken ``Encoding`` contend for its regex caches and do not scale
+    (engine._tiktoken): every pool thread encodes with one it built, none with another's."""
+    import threading
+
+    from pipelines.tokenize import engine
+    from pipelines.tokenize.bpe import load
+
+    built: list[tuple[int, int]] = []  # (building thread, encoding)
+    used: set[tuple[int, int]] = set()  # (encoding thread, encoding)
+
+    def tracked(spec, special=None):
+        enc = real(spec, special)
+        built.append((threading.get_ident(), id(enc)))
+        encode = enc.encode_to_numpy
+
+        def encode_to_numpy(text, **kw):
+            used.add((threading.get_ident(), id(enc)))
+            threading.Event().wait(0.001)  # long enough for the other thread to take documents too
+            return encode(text, **kw)
+
+        enc.encode_to_numpy = encode_to_numpy
+        return enc
+
+    real = engine.tiktoken_encoding
+    monkeypatch.setattr(engine, "tiktoken_encoding", tracked)
+    tok = load(_tokenizer_file(), "<|endoftext|>")
+    encode = engine.batch_encoder(tok, _tokenizer_file(), threads=2)
+    texts = DOCS["train"] * 20
+    assert encode(texts) == [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    assert len({thread for thread, _ in used}) == 2, used
+    assert used <= set(built) and len(built) == len(set(built)) == 2, (built, used)
+
+
 def test_engine_falls_back_to_hf_for_a_tokenizer_it_cannot_reproduce(tmp_path: Path):
     from tokenizers import normalizers
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -138,10 +139,24 @@ def _hf(tok, threads: int | None) -> Encoder:
 
 
 def _tiktoken(spec: dict, threads: int) -> Encoder:
+    """tiktoken on a pool of ``threads`` threads, each with an ``Encoding`` of its own.
+
+    One ``Encoding`` shared by threads does not scale: its per-thread regex copies still share
+    the compiled pattern's inner regex caches (the lookahead makes it a fancy-regex program whose
+    delegates are shared), and threads contending for them rebuild caches instead of encoding.
+    On this project's 2-core machine, two threads on one ``Encoding`` took as long as one with
+    twice its CPU; two with one each took 0.55x the time (``bench/tokenize_bench.py``)."""
     added = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
-    enc = tiktoken_encoding(spec, added)
-    # never allowed, so special-token text is encoded as text (encode_ordinary's ids, tested)
-    encode = partial(enc.encode_to_numpy, allowed_special=frozenset(), disallowed_special=())
+    local = threading.local()
+
+    def encode(text: str) -> np.ndarray:
+        one = getattr(local, "encode", None)
+        if one is None:  # built once per pool thread: under 10 ms for an 8192-token vocabulary
+            # never allowed, so special-token text is encoded as text (encode_ordinary's ids, tested)
+            one = local.encode = partial(tiktoken_encoding(spec, added).encode_to_numpy,
+                                         allowed_special=frozenset(), disallowed_special=())
+        return one(text)
+
     # one pool for the encoder's life (encode_ordinary_batch starts one per call), shared by
     # concurrent callers, so documents of the next batch queue behind this one's
     pool = ThreadPoolExecutor(threads, thread_name_prefix="taxiway-tiktoken")
