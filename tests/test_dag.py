@@ -39,6 +39,18 @@ def test_dag_folder_has_no_import_errors():
     assert "tokenize.shard" not in dag.get_task("preflight.gate").get_flat_relative_ids(upstream=True)
 
 
+def test_tasks_push_one_xcom_each():
+    """A task that returns a dict pushes it as one ``return_value``: Airflow infers ``multiple_outputs``
+    from a ``dict`` return annotation and would push every key as an XCom of its own too (a tokenize
+    shard: 8 execution-API calls and database writes instead of 1), which no consumer reads."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    spread = sorted(f"{dag_id}:{t.task_id}" for dag_id, dag in bag.dags.items() for t in dag.tasks
+                    if getattr(t, "multiple_outputs", False))
+    assert spread == []
+
+
 def test_sweep_dag_maps_members_between_shared_stages_and_ranking():
     """taxiway_sweep: one preflight and one tokenize, then a mapped member group, a ranking that waits
     for every member (and runs when one succeeded), and one registration."""

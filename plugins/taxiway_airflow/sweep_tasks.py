@@ -9,13 +9,13 @@ from typing import Any
 
 from airflow.sdk import get_current_context, task
 
-from taxiway_airflow.failures import RETRY, translated
-from taxiway_airflow.tasks import conf_config, prepared
+from taxiway_airflow.failures import translated
+from taxiway_airflow.tasks import TASK, conf_config, prepared
 
 log = logging.getLogger("taxiway")
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def resolve_sweep() -> dict[str, Any]:
     """Config as ``resolve_config`` makes it, and the ``sweep`` param checked against it: every point
@@ -40,7 +40,7 @@ def resolve_sweep() -> dict[str, Any]:
     return out
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One run folder per point, sharing this run's preflight and packed data; the list is what the
@@ -52,7 +52,7 @@ def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-@task(retries=2, **RETRY, trigger_rule="all_done_min_one_success")
+@task(**TASK, trigger_rule="all_done_min_one_success")
 @translated
 def rank() -> dict[str, Any]:
     """Rank the members that were evaluated; runs when every member ended and one at least succeeded
@@ -66,7 +66,7 @@ def rank() -> dict[str, Any]:
             "failed": [r["member"] for r in result["members"] if r["state"] != "evaluated"]}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def register_best(run: dict[str, Any]) -> dict[str, Any]:
     """Every member a child MLflow run of the sweep's run; the best registered. Idempotent per Airflow run."""

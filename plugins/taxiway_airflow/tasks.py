@@ -17,6 +17,11 @@ from taxiway_airflow.failures import RETRY, translated
 
 log = logging.getLogger("taxiway")
 
+# every Taxiway @task: retried with the back-off of RETRY; a returned dict is one XCom, since its
+# consumers take it whole (Airflow infers multiple_outputs from a dict annotation and would push each
+# key too: one more execution-API call and database write per key, on every mapped shard)
+TASK: dict[str, Any] = {"retries": 2, **RETRY, "multiple_outputs": False}
+
 
 def _run_dir(run: dict[str, Any]) -> Path:
     return Path(run["run_dir"])
@@ -52,7 +57,7 @@ def prepared(cfg: Any, run_dir: Path) -> dict[str, Any]:
     return {"run_dir": str(run_dir), "config_sha256": cfg.sha256(), "name": cfg.name}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def resolve_config() -> dict[str, Any]:
     """Config file + conf overlay + ``set`` → validated RunConfig in ``<run>/config.yaml``.
@@ -66,7 +71,7 @@ def resolve_config() -> dict[str, Any]:
     return prepared(conf_config(conf), run_folder.run_dir(ctx["run_id"]))
 
 
-@task.short_circuit(retries=2, **RETRY)
+@task.short_circuit(**TASK)
 @translated
 def refresh_plan() -> dict[str, Any] | None:
     """Decide what this refresh does (docs/refresh.md): the champion to continue and the landed
@@ -82,7 +87,7 @@ def refresh_plan() -> dict[str, Any] | None:
     return None if decision.config is None else prepared(decision.config, run_dir)
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     """Land the folder ``source`` as a batch of the deployment's landing zone; the task's outlet (the
@@ -113,7 +118,7 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     return event_extra(batch)
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def assemble(run: dict[str, Any]) -> dict[str, Any]:
     """The refresh's dataset: new train files without repeats of trained data, the fixed val set,
@@ -140,7 +145,7 @@ def assemble(run: dict[str, Any]) -> dict[str, Any]:
             "dropped_documents": summary["dropped_documents"]}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def preflight_plan(run: dict[str, Any]) -> list[int]:
     """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each, no
@@ -154,7 +159,7 @@ def preflight_plan(run: dict[str, Any]) -> list[int]:
                                  max_shards=conf.getint("core", "max_map_length"))
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def preflight_scan(shard: int, run: dict[str, Any]) -> dict[str, Any]:
     """Read one shard's files once for every check; cached by content, so a retry is cheap."""
@@ -167,7 +172,7 @@ def preflight_scan(shard: int, run: dict[str, Any]) -> dict[str, Any]:
     return {"shard": shard, "key": result.key, "cache_hit": result.cache_hit}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[str, Any]:
     """Judge the checks from the shard results into ``preflight/report.json``; fail the run if any
@@ -183,7 +188,7 @@ def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[s
     return {"passed": True}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Train or load the tokenizer (cached by content) and cut the data into the shards the mapped
@@ -200,7 +205,7 @@ def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     return shards
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def tokenize_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
     """Encode one shard's groups into the token cache on one thread; cached groups are skipped, so
@@ -213,7 +218,7 @@ def tokenize_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]
     return stats
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def tokenize(run: dict[str, Any]) -> dict[str, Any]:
     """The reduce: packs the groups the shards left in the cache (plus a refresh's replay and fresh val)."""
@@ -227,7 +232,7 @@ def tokenize(run: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(packed.path), "key": packed.key, "cache_hit": packed.cache_hit}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def smoke(run: dict[str, Any]) -> dict[str, Any]:
     """One process, a few steps, save, resume: fails in seconds before the gang is scheduled."""
@@ -239,7 +244,7 @@ def smoke(run: dict[str, Any]) -> dict[str, Any]:
     return {"loss": result["loss"]}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     from pipelines import stages
@@ -250,7 +255,7 @@ def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     return {"passed": report["passed"], "improvement_bpb": report["improvement_bpb"]}
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def register(run: dict[str, Any]) -> dict[str, Any]:
     """Idempotent per Airflow run: a retry reuses the MLflow run and model version it made."""
@@ -302,14 +307,14 @@ def delete_everything(run: dict[str, Any], run_id: str) -> int:
     return jobs
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def gang_service(run: dict[str, Any]) -> dict[str, str]:
     """Setup: the headless Service of the run's gang."""
     return create_service(run, get_current_context()["run_id"])
 
 
-@task(retries=2, **RETRY)
+@task(**TASK)
 @translated
 def delete_gang(run: dict[str, Any]) -> dict[str, Any]:
     """Teardown: runs whatever the gang did, so nothing of the run is left in the cluster."""
