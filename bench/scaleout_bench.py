@@ -28,7 +28,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -120,7 +120,8 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
     start = min(_ts(t["start_date"]) for t in tis)
     end = max(_ts(t["end_date"]) for t in tis if t["task_id"] == LAST)
     busy = sum(_ts(t["end_date"]) - _ts(t["start_date"]) for t in tis if t["end_date"])
-    return {"run_id": run_id, "span_s": round(end - start, 2), "task_seconds": round(busy, 2),
+    return {"run_id": run_id, "start": datetime.fromtimestamp(start, UTC).isoformat(),
+            "span_s": round(end - start, 2), "task_seconds": round(busy, 2),
             "tasks": sorted([t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else ""),
                              round(_ts(t["start_date"]) - start, 2), round(_ts(t["end_date"]) - start, 2)]
                             for t in tis if t["end_date"])}
