@@ -514,3 +514,27 @@ def test_a_file_that_differs_from_its_manifest_entry_is_never_cached_under_that_
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "clean-home"))  # an empty cache: what the manifest's content gives
     clean = tokenize.run(_cfg(corpus))
     assert first.key == clean.key and _packed_files(first) == _packed_files(clean)
+
+
+def test_a_small_remainder_joins_the_last_shard_instead_of_a_task_of_its_own(corpus: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """A shard task costs about half a second before it encodes anything: the x10 corpus's seventh
+    shard held one 8 KB group beside six of 17-21 MB. A remainder under half a shard joins the last
+    one; a larger one stays a shard; every group is kept, in order."""
+    from pipelines import stages
+    from pipelines.tokenize import groups
+    from pipelines.tokenize.shards import cut
+
+    names = [[f"g{i}"] for i in range(6)]
+    assert cut(names[:4], [10, 10, 10, 1], 10, fold_under=5) == [[["g0"]], [["g1"]], [["g2"], ["g3"]]]
+    assert cut(names[:4], [10, 10, 10, 1], 10) == [[["g0"]], [["g1"]], [["g2"]], [["g3"]]]
+    assert cut(names[:3], [10, 10, 6], 10, fold_under=5) == [[["g0"]], [["g1"]], [["g2"]]]
+    assert cut(names[:3], [3, 3, 3], 10, fold_under=5) == [[["g0"], ["g1"], ["g2"]]]  # all remainder: one shard
+    assert cut(names, [4, 7, 2, 2, 9, 1], 10, fold_under=5) == [[["g0"], ["g1"]], [["g2"], ["g3"], ["g4"], ["g5"]]]
+
+    monkeypatch.setattr(groups, "_SPREAD", 4)  # about a dozen groups in this small corpus
+    monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path))
+    cfg = _cfg(corpus, "pack.shard_bytes=1500")
+    stages.prepare(cfg, run := tmp_path / "run")
+    shards = stages.tokenize_plan(cfg, run)
+    assert all(2 * s["bytes"] >= 1500 for s in shards), shards

@@ -73,7 +73,8 @@ class PackConfig(Section):
     shard_tokens: PositiveInt = Field(16_777_216, description="Tokens per numpy shard")
     shard_bytes: PositiveInt = Field(
         16_777_216, description="Input bytes per mapped tokenize task (whole file groups; at least one group "
-                                "each). Spreads the encoding over workers; the packed dataset is the same")
+                                "each; a remainder under half of it joins the last task). Spreads the encoding "
+                                "over workers; the packed dataset is the same")
     dtype: Literal["auto", "uint16", "uint32"] = Field(
         "auto", description="Token dtype of the shards; auto = uint16 when the vocabulary fits")
 
