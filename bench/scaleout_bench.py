@@ -16,9 +16,10 @@ One deployment with two workers serves both sides, round by round: for a 1-worke
 worker stops consuming the task queue (Celery's ``cancel_consumer``, what ``airflow celery
 remove-queue`` sends), for a 2-worker run it consumes it again; each round runs both, in alternating
 order. A VM's speed drifts by tens of percent over minutes (neighbours), so the figure is the median
-of the rounds' paired ratios, beside the ratio of the medians. Each round also measures the machine's
-own ceiling for two processes at that moment: one CPU-bound loop alone vs two at once, with the idle
-deployment beside them.
+of the rounds' paired ratios, beside the ratio of the medians. Each round also measures two ceilings
+at that moment, with the idle deployment beside them: the machine's (one CPU-bound loop alone vs two
+at once) and the stages' own without Airflow (``taxiway preflight`` + ``taxiway tokenize`` with
+``--workers 1`` pinned to one core vs ``--workers 2`` on two).
 
     .venv/bin/python bench/scaleout_bench.py [--repeats 5] [--scales 10:5,100:1]   # raw: bench/results/scaleout.json
 """
@@ -31,6 +32,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -198,6 +200,30 @@ def machine_ceiling() -> dict:
     return {"alone_s": round(alone, 3), "pair_s": round(pair, 3), "speedup": round(2 * alone / pair, 2)}
 
 
+def plain_stages(data: Path, tok: Path, workers: int, scratch: Path) -> float:
+    """The same two stages without Airflow, as a user would run them on one machine: ``taxiway
+    preflight --workers N`` then ``taxiway tokenize --workers N``, fresh processes pinned to N cores
+    (a worker is a core), an empty cache of their own; seconds of both together."""
+    taxiway = Path(sys.executable).parent / "taxiway"
+    env = {**os.environ, "TAXIWAY_HOME": str(scratch), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1",
+           "TAXIWAY_DATA_ROOTS": os.pathsep.join([str(data.parent), str(scratch)])}
+    env.pop("TAXIWAY_CONFIG", None)
+    cores = set(sorted(os.sched_getaffinity(0))[:workers])
+    sets = ["-s", f"data.train={data / 'train'}", "-s", f"data.val={data / 'val'}",
+            "-s", f"data.manifest={data / 'manifest.jsonl'}", "-s", f"tokenizer.path={tok}"]
+    shutil.rmtree(scratch, ignore_errors=True)
+    started = time.perf_counter()
+    for stage in ("preflight", "tokenize"):
+        proc = subprocess.run([str(taxiway), stage, "-c", str(TINY), *sets, "--run-dir", str(scratch / "run"),
+                               "--workers", str(workers)], capture_output=True, text=True, env=env,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        if proc.returncode:
+            raise RuntimeError(f"taxiway {stage} --workers {workers} failed:\n{proc.stderr[-4000:]}")
+    seconds = time.perf_counter() - started
+    shutil.rmtree(scratch, ignore_errors=True)
+    return round(seconds, 2)
+
+
 def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
     """A fresh deployment with two one-slot Celery workers; ``rounds`` rounds of a cold run on one worker
     and one on both, in alternating order, and the machine's ceiling."""
@@ -231,10 +257,14 @@ def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
                                            f"on {count} one-slot worker(s)")
                     print(f"round {index + 1}: {count} worker(s): {runs[count]['span_s']} s", flush=True)
                 ceiling = machine_ceiling()
+                plain = {str(n): plain_stages(data, tok, n, root / "plain") for n in (1, 2)}
                 out.append({"round": index + 1, "speedup": round(runs[1]["span_s"] / runs[2]["span_s"], 2),
-                            "machine_ceiling": ceiling, "runs": {str(c): r for c, r in runs.items()}})
+                            "machine_ceiling": ceiling,
+                            "plain_stages": {"seconds": plain, "speedup": round(plain["1"] / plain["2"], 2)},
+                            "runs": {str(c): r for c, r in runs.items()}})
                 print(f"round {index + 1}: {out[-1]['speedup']}x; two processes of a CPU loop: "
-                      f"{ceiling['speedup']}x", flush=True)
+                      f"{ceiling['speedup']}x; the stages without Airflow on 1 / 2 cores: {plain['1']} / "
+                      f"{plain['2']} s, {out[-1]['plain_stages']['speedup']}x", flush=True)
         finally:
             live.stop()
             broker.flushdb()
@@ -263,15 +293,16 @@ def main() -> None:
         medians = {w: statistics.median(spans[w]) for w in spans}
         paired = statistics.median(r["speedup"] for r in rounds)
         ceiling = statistics.median(r["machine_ceiling"]["speedup"] for r in rounds)
+        plain = statistics.median(r["plain_stages"]["speedup"] for r in rounds)
         figures["scales"][f"x{scale}"] = {
             "speedup": round(paired, 2), "ratio_of_medians": round(medians[1] / medians[2], 2),
-            "machine_ceiling": ceiling, "median_span_s": {str(w): medians[w] for w in medians}, "rounds": rounds}
+            "machine_ceiling": ceiling, "plain_stages_speedup": plain, "median_span_s": {str(w): medians[w] for w in medians}, "rounds": rounds}
         rows.append([f"x{scale}", medians[1], medians[2], [r["speedup"] for r in rounds],
                      f"{paired:.2f} ({'ok' if paired >= TARGET else 'NOT met'}, target >= {TARGET})",
-                     round(medians[1] / medians[2], 2), ceiling])
+                     round(medians[1] / medians[2], 2), plain, ceiling])
     table = harness.markdown(["corpus", "1 worker: span, median s", "2 workers: span, median s",
                               "speed-up per round", "speed-up, median of rounds", "ratio of medians",
-                              "two CPU loops at once, median"], rows)
+                              "the stages without Airflow, 1 -> 2 cores, median", "two CPU loops at once, median"], rows)
     notes = ("CeleryExecutor, PostgreSQL metadata, Redis broker, the production config: section "
              "(deploy/airflow-values.yaml); tiny config with a fixed tokenizer.path; generated corpora; "
              "span = first preflight task start -> tokenize.pack end; cold cache each run; one deployment, "
