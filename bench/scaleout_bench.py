@@ -19,7 +19,8 @@ order. A VM's speed drifts by tens of percent over minutes (neighbours), so the 
 of the rounds' paired ratios, beside the ratio of the medians. Each round also measures two ceilings
 at that moment, with the idle deployment beside them: the machine's (one CPU-bound loop alone vs two
 at once) and the stages' own without Airflow (``taxiway preflight`` + ``taxiway tokenize`` with
-``--workers 1`` pinned to one core vs ``--workers 2`` on two).
+``--workers 1`` pinned to one core vs ``--workers 2`` on two). Every run on either side must pack
+the same dataset (key, and the splits with every shard file's sha256), or the bench fails.
 
     .venv/bin/python bench/scaleout_bench.py [--repeats 5] [--scales 10:5,100:1]   # raw: bench/results/scaleout.json
 """
@@ -27,6 +28,8 @@ at once) and the stages' own without Airflow (``taxiway preflight`` + ``taxiway 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import multiprocessing
 import os
 import random
@@ -100,6 +103,14 @@ def tokenizer(one: Path, out: Path) -> Path:
     return out
 
 
+def packed(manifest: Path) -> dict:
+    """What a run packed, to check every run and method gave the same dataset: its key and a digest of
+    its splits (documents, tokens, windows and every shard file's sha256)."""
+    body = json.loads(manifest.read_text())
+    return {"key": body["key"], "splits_sha256": hashlib.sha256(
+        json.dumps(body["splits"], sort_keys=True).encode()).hexdigest()}
+
+
 def most_at_once(spans: list[tuple[float, float]]) -> int:
     """How many of the tasks ran at the same time at most: 1 on one one-slot worker (the check that
     the second worker really stayed out), 2 when both took part."""
@@ -117,7 +128,7 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
     resp.raise_for_status()
     run_id = resp.json()["dag_run_id"]
 
-    def packed():
+    def done():
         resp = live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{LAST}")
         if resp.status_code == 404:  # not created yet
             return False
@@ -130,7 +141,11 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
 
     # one light REST call (one task instance) every 2 s: the span comes from the task instances' own
     # times, and a busier poll would take the api-server's CPU from the tasks being measured
-    wait_for(f"{LAST} of {run_id}", packed, timeout_s=1200, every_s=2)
+    wait_for(f"{LAST} of {run_id}", done, timeout_s=1200, every_s=2)
+    pointer = live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{LAST}/xcomEntries/return_value",
+                           params={"deserialize": True})
+    pointer.raise_for_status()
+    dataset = packed(Path(pointer.json()["value"]["path"]) / "manifest.json")  # before the next run empties the cache
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"}).raise_for_status()
     wait_for(f"the tasks of {run_id} to stop", lambda: not any(  # the next run gets an idle machine
         t["state"] in ("running", "queued", "deferred") for t in task_instances(live, run_id)), 120, every_s=1)
@@ -143,7 +158,7 @@ def one_run(live: LiveAirflow, conf: dict) -> dict:
     end = max(_ts(t["end_date"]) for t in tis if t["task_id"] == LAST)
     busy = sum(_ts(t["end_date"]) - _ts(t["start_date"]) for t in tis if t["end_date"])
     return {"run_id": run_id, "start": datetime.fromtimestamp(start, UTC).isoformat(),
-            "span_s": round(end - start, 2), "task_seconds": round(busy, 2),
+            "span_s": round(end - start, 2), "task_seconds": round(busy, 2), "packed": dataset,
             "most_at_once": most_at_once([(_ts(t["start_date"]), _ts(t["end_date"])) for t in tis if t["end_date"]]),
             "tasks": sorted([t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else ""),
                              round(_ts(t["start_date"]) - start, 2), round(_ts(t["end_date"]) - start, 2)]
@@ -200,10 +215,10 @@ def machine_ceiling() -> dict:
     return {"alone_s": round(alone, 3), "pair_s": round(pair, 3), "speedup": round(2 * alone / pair, 2)}
 
 
-def plain_stages(data: Path, tok: Path, workers: int, scratch: Path) -> float:
+def plain_stages(data: Path, tok: Path, workers: int, scratch: Path) -> dict:
     """The same two stages without Airflow, as a user would run them on one machine: ``taxiway
     preflight --workers N`` then ``taxiway tokenize --workers N``, fresh processes pinned to N cores
-    (a worker is a core), an empty cache of their own; seconds of both together."""
+    (a worker is a core), an empty cache of their own; seconds of both together and what was packed."""
     taxiway = Path(sys.executable).parent / "taxiway"
     env = {**os.environ, "TAXIWAY_HOME": str(scratch), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1",
            "TAXIWAY_DATA_ROOTS": os.pathsep.join([str(data.parent), str(scratch)])}
@@ -220,13 +235,14 @@ def plain_stages(data: Path, tok: Path, workers: int, scratch: Path) -> float:
         if proc.returncode:
             raise RuntimeError(f"taxiway {stage} --workers {workers} failed:\n{proc.stderr[-4000:]}")
     seconds = time.perf_counter() - started
+    dataset = packed(Path(proc.stdout.strip().splitlines()[-1]))  # tokenize's last line: the manifest
     shutil.rmtree(scratch, ignore_errors=True)
-    return round(seconds, 2)
+    return {"seconds": round(seconds, 2), "packed": dataset}
 
 
 def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
     """A fresh deployment with two one-slot Celery workers; ``rounds`` rounds of a cold run on one worker
-    and one on both, in alternating order, and the machine's ceiling."""
+    and one on both, in alternating order, each round with both ceilings."""
     import redis
 
     db_number = random.randint(1, 15)
@@ -258,13 +274,17 @@ def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
                     print(f"round {index + 1}: {count} worker(s): {runs[count]['span_s']} s", flush=True)
                 ceiling = machine_ceiling()
                 plain = {str(n): plain_stages(data, tok, n, root / "plain") for n in (1, 2)}
+                datasets = {json.dumps(r["packed"], sort_keys=True) for r in [*runs.values(), *plain.values()]}
+                if len(datasets) != 1 or (out and datasets != {json.dumps(out[0]["packed"], sort_keys=True)}):
+                    raise RuntimeError(f"round {index + 1}: the runs packed different datasets: {sorted(datasets)}")
+                plain_s = {n: p["seconds"] for n, p in plain.items()}
                 out.append({"round": index + 1, "speedup": round(runs[1]["span_s"] / runs[2]["span_s"], 2),
-                            "machine_ceiling": ceiling,
-                            "plain_stages": {"seconds": plain, "speedup": round(plain["1"] / plain["2"], 2)},
+                            "machine_ceiling": ceiling, "packed": runs[1]["packed"],
+                            "plain_stages": {"seconds": plain_s, "speedup": round(plain_s["1"] / plain_s["2"], 2)},
                             "runs": {str(c): r for c, r in runs.items()}})
                 print(f"round {index + 1}: {out[-1]['speedup']}x; two processes of a CPU loop: "
-                      f"{ceiling['speedup']}x; the stages without Airflow on 1 / 2 cores: {plain['1']} / "
-                      f"{plain['2']} s, {out[-1]['plain_stages']['speedup']}x", flush=True)
+                      f"{ceiling['speedup']}x; the stages without Airflow on 1 / 2 cores: {plain_s['1']} / "
+                      f"{plain_s['2']} s, {out[-1]['plain_stages']['speedup']}x", flush=True)
         finally:
             live.stop()
             broker.flushdb()
@@ -306,7 +326,8 @@ def main() -> None:
     notes = ("CeleryExecutor, PostgreSQL metadata, Redis broker, the production config: section "
              "(deploy/airflow-values.yaml); tiny config with a fixed tokenizer.path; generated corpora; "
              "span = first preflight task start -> tokenize.pack end; cold cache each run; one deployment, "
-             "rounds of a 1-worker and a 2-worker run in alternating order (cancel_consumer / add_consumer)")
+             "rounds of a 1-worker and a 2-worker run in alternating order (cancel_consumer / add_consumer); "
+             "every run and the plain stages packed the same dataset (key and splits, shard sha256s included)")
     path = harness.write("scaleout", f".venv/bin/python bench/scaleout_bench.py --repeats {args.repeats} "
                          f"--scales {args.scales}", notes, figures, table, args.out, started)
     shutil.rmtree(root, ignore_errors=True)
