@@ -165,7 +165,7 @@ class LiveAirflow:
         for name, _, _ in self.components:
             self.launch(name)
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
-        self.api = _RetryingClient(base_url=self.url, timeout=time_scale.scaled(30),
+        self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=time_scale.scaled(30),
                                    headers={"Authorization": f"Bearer {self.token()}"})
         return self
 
@@ -297,9 +297,29 @@ class LiveAirflow:
 class _RetryingClient(httpx.Client):
     """The api-server answers any request 500 "Database error" while the metadata database does not
     answer (a fault test stops it); such an answer changed nothing and is retried (any other answer,
-    a 4xx included, is the request's own), as is a refused connection while an api-server restarts."""
+    a 4xx included, is the request's own), as is a refused connection while an api-server restarts.
+    Any 5xx it returns is printed with the api-server's last traceback (a plain "Internal Server Error"
+    says nothing more), so a failing test's captured output shows why."""
+
+    def __init__(self, server_log: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.server_log = server_log
 
     def request(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        resp = self._request(*args, **kwargs)
+        if resp.status_code >= 500:
+            print(f"{resp.request.method} {resp.request.url.path} answered {resp.status_code}; {self.last_traceback()}")
+        return resp
+
+    def last_traceback(self) -> str:
+        """The api-server's log from its last logged exception on, or a line saying there is none."""
+        log = self.server_log.read_text(errors="replace")
+        start = max(log.rfind("Exception in ASGI application"), log.rfind("Error with id"))
+        start = start if start >= 0 else log.rfind("Traceback (")
+        return f"the api-server's log from its last exception:\n{log[start:][:8000]}" if start >= 0 else \
+            "the api-server logged no exception"
+
+    def _request(self, *args: Any, **kwargs: Any) -> httpx.Response:
         for attempt in range(30):  # an api-server restarting (a fault test) answers again within ~30 s
             try:
                 resp = super().request(*args, **kwargs)
