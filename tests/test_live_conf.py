@@ -122,12 +122,13 @@ def test_readme_rest_example_works_verbatim_on_a_paused_dag(live_airflow):
 
 @pytest.mark.live
 def test_short_runs_under_cpu_load_succeed_on_their_first_try(live_airflow):
-    """Two CPU-bound processes take the machine's cores; three tiny runs, one after another, still pass
-    every task on its first try (no stall, startup or sensor timeout misfires)."""
+    """Two CPU-bound processes take the machine's cores; two tiny runs, one after another, still pass
+    every task on its first try (no stall, startup or sensor timeout misfires). Two, not more: under
+    make test the burners slow every other worker's tests as long as they run."""
     live = live_airflow
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        for i in range(3):
+        for i in range(2):
             resp = live.trigger(DAG, {"train": {"seed": 100 + i}})
             assert resp.status_code == 200, resp.text
             run_id = resp.json()["dag_run_id"]
