@@ -96,3 +96,51 @@ def test_a_conf_typo_is_summarized_although_the_run_folder_was_never_made(dag):
     assert summary["next"] == "fix the conf or config field named above and trigger a new run"
     note = run_note("taxiway_train", dr.run_id)
     assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian: not a conf"), note
+
+
+@pytest.fixture
+def slow_api_server(monkeypatch):
+    """An api-server that takes 40 s to answer anything: the REST note's settings point at it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            release.wait(40)
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_PATCH = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name, value in {"TAXIWAY_AIRFLOW_URL": f"http://127.0.0.1:{server.server_port}",
+                        "TAXIWAY_AIRFLOW_USERNAME": "admin", "TAXIWAY_AIRFLOW_PASSWORD": "pw"}.items():
+        monkeypatch.setenv(name, value)
+    yield
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_note_over_a_slow_api_server_gives_up_within_the_callbacks_budget(slow_api_server):
+    """A failed task's callback runs after the task reported its state, and Airflow's supervisor kills
+    a task still running ``task_success_overtime`` (20 s) later: then a bad-input failure is retried
+    (seen under make test's load). Setting the note over REST must give up within its budget, well
+    inside that, whatever the api-server does."""
+    import time
+
+    from taxiway_airflow import run_note
+
+    start = time.monotonic()
+    why = run_note.set_note("taxiway_train", "manual__x", "**Failed**")
+    took = time.monotonic() - start
+    assert why is not None and "timed out" in why, why
+    assert took < run_note.budget_s() + 2 < 20, took
+

@@ -35,7 +35,7 @@ def check() -> None:
         raise BadInput(f"{URL} is set but no credentials: set {TOKEN}, or {USER} and {PASSWORD}")
 
 
-def token(url: str) -> str:
+def token(url: str, timeout_s: float = 30) -> str:
     """An API token for the api-server at ``url``, from the environment (see above)."""
     check()
     if os.environ.get(TOKEN):
@@ -43,7 +43,7 @@ def token(url: str) -> str:
     body = json.dumps({"username": os.environ[USER], "password": os.environ[PASSWORD]}).encode()
     request = urllib.request.Request(f"{url}/auth/token", body, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return json.loads(resp.read())["access_token"]
     except OSError as exc:
         raise NotAnnounced(f"could not log in to {url}/auth/token as {os.environ[USER]}: {exc}") from None
