@@ -19,7 +19,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       model/                         the exported model (weights + tokenizer files)
       eval/                          report.json, report.md, comparison.png, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
-      failure.json                   the newest failure's summary: stage, reason, what to do next
+      failure.json                   the first failure's summary (per try): stage, reason, what next
       refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
       refresh/data/, assembled.json  its dataset (new train files, the fixed val, fresh/ held out)
       refresh/ledger.json            the batches of the version it registered

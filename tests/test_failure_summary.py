@@ -144,3 +144,27 @@ def test_a_note_over_a_slow_api_server_gives_up_within_the_callbacks_budget(slow
     assert why is not None and "timed out" in why, why
     assert took < run_note.budget_s() + 2 < 20, took
 
+
+def test_a_runs_summary_is_its_first_failure_until_a_clear_starts_its_next_try(home: Path, monkeypatch):
+    """Two tasks fail in one try of a run (the gate and a shard, on one tampered file): the first one's
+    summary stays, whichever callback comes last; once the run is cleared, its next failure replaces it."""
+    from types import SimpleNamespace
+
+    from pipelines.errors import BadInput, CheckFailed
+    from pipelines.run_folder import RunFolder, run_dir
+    from taxiway_airflow import failure_summary
+
+    monkeypatch.delenv("TAXIWAY_AIRFLOW_URL", raising=False)
+    run_id = "manual__first_failure"
+
+    def fail(task_id: str, exc: Exception, clear_number: int) -> dict:
+        ti = SimpleNamespace(task_id=task_id, dag_id="taxiway_train", map_index=-1, try_number=1)
+        failure_summary.task_failed({"ti": ti, "run_id": run_id, "exception": exc,
+                                     "dag_run": SimpleNamespace(clear_number=clear_number)})
+        return json.loads(RunFolder(run_dir(run_id)).failure_summary.read_text())
+
+    assert fail("preflight.gate", CheckFailed("preflight FAILED"), 0)["task_id"] == "preflight.gate"
+    kept = fail("tokenize.shard", BadInput("val/a.txt: content differs from the manifest"), 0)
+    assert (kept["task_id"], kept["kind"]) == ("preflight.gate", "check failed"), kept
+    after_clear = fail("tokenize.shard", BadInput("val/a.txt: content differs from the manifest"), 1)
+    assert (after_clear["task_id"], after_clear["clear_number"]) == ("tokenize.shard", 1), after_clear

@@ -6,10 +6,17 @@ failed for good: retries spent, or a failure that is never retried) and sees the
 ``dag_failed`` is the DAG's (it runs in the DAG processor when the run fails) and sees only the
 last failed task; it keeps a task's summary of the same run, and otherwise writes its own (a run
 timed out, a task killed without running its callback).
+
+A run's summary is its first failure, per try of the run (Airflow's ``clear_number``): tasks that
+run side by side can fail on one cause (a file that differs from the manifest fails the preflight
+gate and the tokenize shard that reads it), and whichever callback came last used to win. A later
+task's failure is still logged as its last line; a clear starts the next try, whose first failure
+replaces the summary.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -38,6 +45,7 @@ class FailureSummary:
     run_folder: str
     at: str          # UTC ISO 8601
     member: str | None = None  # a sweep member ("02"): its failure is the member's, the sweep goes on
+    clear_number: int = 0  # the run's try: how many times it was cleared when this failure came
 
     def line(self) -> str:
         """The task log's last line."""
@@ -136,7 +144,23 @@ def summarize(context: dict[str, Any], reason: str | None = None) -> FailureSumm
     return FailureSummary(dag_id=ti.dag_id, run_id=run_id, task_id=task_id, stage=task_id.split(".", 1)[0],
                           kind=kind, reason=text,
                           next=advice(task_id.split(".", 1)[0], task_id, kind, text, folder, ti.try_number),
-                          run_folder=folder, at=datetime.now(UTC).isoformat(timespec="seconds"), member=member)
+                          run_folder=folder, at=datetime.now(UTC).isoformat(timespec="seconds"), member=member,
+                          clear_number=_clear_number(context))
+
+
+def _clear_number(context: dict[str, Any]) -> int:
+    return getattr(context.get("dag_run"), "clear_number", None) or 0
+
+
+def earlier_summary(folder: Path, run_id: str, clear_number: int) -> FailureSummary | None:
+    """The summary already in ``folder`` for this try of the run, if one is."""
+    from pipelines.run_folder import RunFolder
+
+    try:
+        earlier = FailureSummary(**json.loads(RunFolder(folder).failure_summary.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return earlier if (earlier.run_id, earlier.clear_number) == (run_id, clear_number) else None
 
 
 def record(summary: FailureSummary) -> None:
@@ -155,25 +179,23 @@ def record(summary: FailureSummary) -> None:
 
 
 def task_failed(context: dict[str, Any]) -> None:
-    """``on_failure_callback`` of every Taxiway task."""
-    record(summarize(context))
+    """``on_failure_callback`` of every Taxiway task: the summary, unless this try of the run has one."""
+    summary = summarize(context)
+    if first := earlier_summary(Path(summary.run_folder), summary.run_id, summary.clear_number):
+        log.error("%s (the run's summary stays its first failure, at %s)", summary.line(), first.task_id)
+        return
+    record(summary)
 
 
 def dag_failed(context: dict[str, Any]) -> None:
     """``on_failure_callback`` of the DAG: keep the summary a task of this run wrote, else write one."""
-    import json
+    from pipelines.run_folder import run_dir
 
-    from pipelines.run_folder import RunFolder, run_dir
-
-    path = RunFolder(run_dir(context["run_id"])).failure_summary
+    folder = run_dir(context["run_id"])
     deadline = time.monotonic() + TASK_SUMMARY_WAIT_S
     while True:  # the failed task's callback may still be writing: the run's state reaches us first
-        try:
-            earlier = json.loads(path.read_text())
-        except (OSError, ValueError):
-            earlier = None
-        if earlier and earlier.get("run_id") == context["run_id"]:
-            record(FailureSummary(**earlier))
+        if earlier := earlier_summary(folder, context["run_id"], _clear_number(context)):
+            record(earlier)
             return
         if time.monotonic() > deadline:
             break
