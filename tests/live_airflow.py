@@ -165,7 +165,9 @@ class LiveAirflow:
         for name, _, _ in self.components:
             self.launch(name)
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
-        self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=time_scale.scaled(30),
+        # 90 s, not 30: under make test's load (three deployments starting at once on 2 cores) one
+        # api-server left a plain task-instance list unanswered past 30 s; a test's own deadlines bound it
+        self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=time_scale.scaled(90),
                                    headers={"Authorization": f"Bearer {self.token()}"})
         return self
 

@@ -70,6 +70,9 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         log = _log(live, run_id, "resolve_config")
         assert cases[name][1] in log, (name, log[-2000:])
         assert SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log, name
+    # the failure's note, set over REST by the task's callback within its budget (or by the DAG's after it)
+    note = wait_for("the typo run's note", lambda: live.dag_run(DAG, runs["typo"])["note"], time_scale.scaled(60))
+    assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian"), note
 
 
 @pytest.mark.live
