@@ -150,11 +150,15 @@ def parent_weights(cfg: RunConfig, dest: Path) -> Path | None:
 
 def trainer_spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
     """The trainer's spec for the packed data (and parent weights): the run's own, or the smoke
-    test's (which names its own, emptied, output folder)."""
+    test's (which names its own, emptied, output folder). The run's own is refused (``DiskFull``)
+    when its disk cannot hold its checkpoints: every launcher writes it just before launching."""
+    from pipelines import disk
     from pipelines.launch.spec import write_trainer_spec
 
     folder = RunFolder(run_dir)
     _require(folder.packed_link, "tokenize")
+    if not smoke:
+        disk.check_training_room(cfg, folder.checkpoints)
     packed = Path(lineage.packed_info(run_dir)["path"])
     if smoke:
         shutil.rmtree(folder.smoke, ignore_errors=True)

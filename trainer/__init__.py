@@ -13,6 +13,7 @@ EXIT_FAILED = 1          # an unexpected error (traceback in the log, ``error`` 
 EXIT_STARTUP = 3         # a startup check failed: devices, /dev/shm, world size, versions across ranks
 EXIT_NONFINITE = 4       # NaN/Inf loss or gradient in ``train.max_nonfinite_steps`` consecutive steps
 EXIT_DATA_STALL = 5      # data-loader watchdog: no batch within ``train.data_timeout_s`` (stacks dumped)
+EXIT_DISK_FULL = 6       # no room for the next checkpoint; the newest valid one stands, nothing torn is left
 EXIT_CANCELED = 143      # SIGTERM honoured: step finished, checkpoint saved, state ``canceled``
 
 
@@ -28,3 +29,7 @@ class StartupCheckFailed(TrainerError):
 
 class NonFiniteLoss(TrainerError):
     code = EXIT_NONFINITE
+
+
+class DiskFull(TrainerError):
+    code = EXIT_DISK_FULL

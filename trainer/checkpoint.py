@@ -5,11 +5,14 @@ state keyed by parameter name), ``rng-rank<R>.pt`` (every rank), ``meta.json`` (
 tokens seen, sampler position, LR schedule, grad-scaler state, config sha256, parent) and
 ``checksums.json``, written last, into ``step-NNNNNNNN.inprogress/`` and then renamed (after
 OLMo-core). Valid = renamed and every checksum matches. Resume takes the newest valid one.
-docs/trainer.md has the full contract.
+A checkpoint the disk cannot hold is refused before it is written (``ensure_room``), and a disk
+that fills during a write removes the folder being written: either way the run fails ``DiskFull``
+with no torn folder left. docs/trainer.md has the full contract.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -24,13 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import TrainerError
+from trainer import DiskFull, TrainerError
 from trainer.fsio import sha256_file, write_json
 
 log = logging.getLogger("trainer.checkpoint")
 _NAME = re.compile(r"^step-(\d{8})$")
 FORMAT = 2  # meta.json "format"; 1 = before optimizer state keyed by name and the schedule anchor
 INPROGRESS = ".inprogress"
+# room a checkpoint needs beyond its tensors' bytes: torch.save's zip record and pickle per tensor
+# (~400 bytes measured), 1% for the filesystem's own blocks, and meta.json, checksums.json and
+# every file's partly used last block
+PER_TENSOR_BYTES, SLACK_BYTES = 512, 64 << 10
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -69,6 +76,38 @@ def clear_torn(root: Path) -> list[Path]:
     for path in torn:
         shutil.rmtree(path, ignore_errors=True)
     return torn
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+
+def free_bytes(folder: Path) -> int:
+    """Bytes a non-root writer may still use on ``folder``'s filesystem (one statvfs)."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def ensure_room(root: Path, step: int, tensor_bytes: int, tensors: int) -> None:
+    """Refuse checkpoint ``step`` before any of it is written when the disk cannot hold it: found
+    mid-write, a full disk costs a torn folder and a crash. The RNG files the ranks already wrote
+    into its in-progress folder are removed with it."""
+    need = tensor_bytes + tensors * PER_TENSOR_BYTES + tensor_bytes // 100 + SLACK_BYTES
+    free = free_bytes(root)
+    if free < need:
+        shutil.rmtree(inprogress_dir(root, step), ignore_errors=True)
+        raise DiskFull(f"not enough free disk for checkpoint {step_dir(root, step).name} in {root}: it needs "
+                       f"{_size(need)}, {_size(free)} are free; the newest valid checkpoint stands: free space "
+                       "there (or lower checkpoint.keep_last_n) and resume")
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """ENOSPC anywhere in the chain: torch.save reports a failed write as its own RuntimeError."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class _HashingWriter:
@@ -112,14 +151,22 @@ def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: di
     """
     tmp = inprogress_dir(root, step)
     tmp.mkdir(parents=True, exist_ok=True)
-    sums = {"model.pt": _save_hashed(model_state, tmp / "model.pt", progress)}
-    after_model()
-    sums["optim.pt"] = _save_hashed(optim_state, tmp / "optim.pt", progress)
-    write_json(tmp / "meta.json", meta)
-    for p in sorted(tmp.iterdir()):
-        if p.is_file() and p.name not in sums and not p.name.startswith("."):
-            sums[p.name] = sha256_file(p)
-    write_json(tmp / "checksums.json", dict(sorted(sums.items())))
+    try:
+        sums = {"model.pt": _save_hashed(model_state, tmp / "model.pt", progress)}
+        after_model()
+        sums["optim.pt"] = _save_hashed(optim_state, tmp / "optim.pt", progress)
+        write_json(tmp / "meta.json", meta)
+        for p in sorted(tmp.iterdir()):
+            if p.is_file() and p.name not in sums and not p.name.startswith("."):
+                sums[p.name] = sha256_file(p)
+        write_json(tmp / "checksums.json", dict(sorted(sums.items())))
+    except Exception as exc:
+        if not _disk_full(exc):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFull(f"the disk filled while checkpoint {tmp.name} was written in {root} "
+                       f"({_size(free_bytes(root))} free once it was removed); the newest valid checkpoint stands: "
+                       "free space there (or lower checkpoint.keep_last_n) and resume") from exc
     final = step_dir(root, step)
     if final.exists():  # a resumed run re-saving a step whose old copy was found invalid
         shutil.rmtree(final)

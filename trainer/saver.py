@@ -5,6 +5,8 @@ hands the copy to one background writer thread, which serializes, hashes, fsyncs
 (``checkpoint.commit``). Training goes on meanwhile. The next ``save`` first waits for the
 previous write, so at most one snapshot exists and its buffers can be reused. ``wait`` is what
 SIGTERM and the end of training call: the last checkpoint is always complete before exit.
+Before handing a snapshot over, ``save`` checks (one statvfs) that the disk has room for its
+exact bytes, so a full disk fails the run before a torn checkpoint is written.
 
 The buffers are allocated (and their pages touched) once, by the writer thread, right after the
 optimizer state first exists, so even the first save only copies.
@@ -39,6 +41,13 @@ def _walk(obj: Any, fn: Callable[[str, torch.Tensor], Any], prefix: str = "") ->
     if isinstance(obj, (list, tuple)):
         return type(obj)(_walk(v, fn, f"{prefix}/{i}") for i, v in enumerate(obj))
     return copy.deepcopy(obj)
+
+
+def _storage_bytes(state: Any) -> dict[int, int]:
+    """Bytes of each distinct storage in ``state``, what torch.save writes (tied weights once)."""
+    sizes: dict[int, int] = {}
+    _walk(state, lambda path, t: sizes.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+    return sizes
 
 
 def _identity(t: torch.Tensor) -> tuple:
@@ -140,6 +149,8 @@ class Saver:
             self._allocating.result()
             self._allocating = None
         snapshot = (model_state, optim_state) if fresh else self.staging.copy((model_state, optim_state))
+        sizes = _storage_bytes(snapshot)  # after the wait: the previous checkpoint is on disk and pruning done
+        checkpoint.ensure_room(self.root, step, sum(sizes.values()), len(sizes))
         self._pending = self._executor.submit(self._write, step, *snapshot, meta)
         if not self.async_save:
             self.wait(heartbeat)
