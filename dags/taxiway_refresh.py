@@ -35,7 +35,7 @@ with DAG(
     max_active_runs=1,
     default_args=failure_summary.CALLBACKS,  # every task: a failure summary in folder, log and note
     on_failure_callback=failure_summary.dag_failed,
-    params=build_params(refresh=True),
+    params=build_params(),
     tags=["taxiway", "training", "refresh"],
     doc_md=__doc__,
 ) as dag:

@@ -1,10 +1,9 @@
 """Free disk, checked before training fills it: a full disk found at a checkpoint costs the run's
 time since the last one, found before launch it costs nothing.
 
-The size of one checkpoint is estimated from the config alone (no torch: this runs in Airflow
-workers): the model's parameters (``trainer/model.py``'s layout) in fp32, AdamW's two moments of
-each, torch.save's few hundred bytes per tensor and every rank's RNG state. The trainer checks
-again before every checkpoint with the exact bytes (``trainer.checkpoint.ensure_room``).
+The size of one checkpoint is estimated from the config alone (``limits.checkpoint_bytes``; no
+torch: this runs in Airflow workers). The trainer checks again before every checkpoint with the
+exact bytes (``trainer.checkpoint.ensure_room``).
 """
 
 from __future__ import annotations
@@ -14,30 +13,12 @@ import os
 from pathlib import Path
 
 from pipelines.config import RunConfig
+from pipelines.config.limits import checkpoint_bytes
 from pipelines.errors import CheckFailed
-
-FP32 = 4
-PER_TENSOR_BYTES = 1 << 10  # zip records and pickle of a weight, its two moments and step count (~1.2 KB measured)
-EXTRA_BYTES = 4 << 10       # meta.json, checksums.json
-RNG_BYTES = 16 << 10        # each rank's RNG state (~14 KB measured)
-
 
 class DiskFull(CheckFailed):
     """Not enough free disk for what a stage is about to write: never retried, since the same
     disk 30 s later is no emptier; someone must free space or choose smaller settings."""
-
-
-def checkpoint_bytes(cfg: RunConfig) -> int:
-    """Estimated bytes of one checkpoint of ``cfg``'s model, with the configured vocabulary (a
-    tokenizer trained for the run has at most that many tokens)."""
-    m, width = cfg.model, cfg.model.n_embd
-    params = (cfg.tokenizer.vocab_size * width              # token embedding, tied with the output head
-              + m.block_size * width                        # position embedding
-              + m.n_layer * (12 * width * width + 2 * width)  # per block: qkv 3, proj 1, mlp 8 (x width²); 2 LayerNorms
-              + width)                                      # final LayerNorm
-    tensors = 3 + 6 * m.n_layer
-    ranks = cfg.compute.nodes * cfg.compute.procs_per_node
-    return 3 * FP32 * params + tensors * PER_TENSOR_BYTES + ranks * RNG_BYTES + EXTRA_BYTES
 
 
 def free_bytes(folder: Path) -> int:

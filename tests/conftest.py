@@ -96,6 +96,15 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     return proc
 
 
+def deployment_config(folder: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
+    """A deployment's config file extending the tiny one with ``body`` (YAML), in a config root of its
+    own: how a test sets what only the deployment may (the gate, the registry, limits; docs/security.md)."""
+    path = folder / "deployment.yaml"
+    path.write_text(f"extends: {TINY}\n{body}")
+    monkeypatch.setenv("TAXIWAY_CONFIG_ROOTS", str(folder))
+    return str(path)
+
+
 def tampered_run(dag, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``dag.test()`` of the tiny config on a copy of the corpus whose first val file no longer
     matches the manifest: a run that fails at preflight (for the failure summary and the runs view).

@@ -30,6 +30,9 @@ import time_scale
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# a credential planted in every live deployment's environment, as a real deployment's would be: no file
+# the deployment writes may hold it, whatever a trigger sends (tests/test_live_conf.py)
+PLANTED_SECRET = "postgresql://airflow:" + secrets.token_hex(8) + "@db/airflow"
 BIN = Path(sys.executable).parent
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TERMINAL = {"success", "failed"}
@@ -103,6 +106,7 @@ class LiveAirflow:
         self.root = root
         self.home = root / "airflow"
         self.taxiway_home = root / "taxiway"
+        self.config_root = root / "configs"  # the deployment's own config files beside the repo's
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = secrets.token_urlsafe(12)
@@ -115,6 +119,8 @@ class LiveAirflow:
             **os.environ,
             "AIRFLOW_HOME": str(self.home),
             "TAXIWAY_HOME": str(self.taxiway_home),
+            "TAXIWAY_CONFIG_ROOTS": str(self.config_root),
+            "SECRET_DB_URL": PLANTED_SECRET,
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -157,6 +163,7 @@ class LiveAirflow:
     def start(self, timeout_s: float = 240) -> LiveAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self.taxiway_home.mkdir(parents=True, exist_ok=True)
+        self.config_root.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({"admin": self.password}))
         migrate = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=self.env, capture_output=True,
                                  text=True, timeout=300)
@@ -263,6 +270,20 @@ class LiveAirflow:
 
     def unpause(self, dag_id: str) -> None:
         self.api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+
+    def deployment_config(self, name: str, body: str) -> str:
+        """A config file of this deployment's own (in its config root), extending the tiny one with
+        ``body``: what only the deployment may set (the gate, the registry, limits; docs/security.md)."""
+        path = self.config_root / f"{name}.yaml"
+        path.write_text(f"extends: {REPO / 'configs' / 'tiny.yaml'}\n{body}")
+        return str(path)
+
+    def files_holding(self, text: str) -> list[str]:
+        """Every file under this deployment's folders (Airflow's and Taxiway's homes, config root) that
+        holds ``text``."""
+        needle = text.encode()
+        return [str(p) for p in self.root.rglob("*") if p.is_file() and not p.is_symlink()
+                and needle in p.read_bytes()]
 
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> httpx.Response:
         return self.api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, deployment_config
 
 pytestmark = pytest.mark.e2e
 
@@ -44,15 +44,15 @@ def _gate(dr) -> tuple[dict, dict]:
             json.loads((run_dir / "registry.json").read_text()))
 
 
-def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag):
+def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag, tmp_path: Path, monkeypatch):
     """The gate can pass: 300 steps learn more than token frequencies (this test's own, empty registry)."""
     from mlflow import MlflowClient
 
     from pipelines.registry import client
 
     # pack.shard_bytes cuts the demo corpus's 7 file groups into 3 mapped tokenize shards (1.65, 0.80, 0.45 MB)
-    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 300}, "eval": {"floor": "unigram"},
-                            "set": ["pack.shard_bytes=600000"]})
+    unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
+    dr = dag.test(run_conf={"config": unigram, "train": {"steps": 300}, "set": ["pack.shard_bytes=600000"]})
     assert str(dr.state) == "success", _states(dr)
     shards = sorted((ti.map_index, str(ti.state)) for ti in dr.get_task_instances() if ti.task_id == "tokenize.shard")
     assert shards == [(0, "success"), (1, "success"), (2, "success")], shards
@@ -121,14 +121,15 @@ def _plain(value: object) -> object:
         return value
 
 
-def test_a_model_that_does_not_beat_the_unigram_floor_is_only_challenger(dag):
+def test_a_model_that_does_not_beat_the_unigram_floor_is_only_challenger(dag, tmp_path: Path, monkeypatch):
     """The gate can fail: 5 steps do not learn even token frequencies, so the run ends well (the
     pipeline worked) but the model is registered as challenger and no champion exists."""
     from mlflow.exceptions import MlflowException
 
     from pipelines.registry import client
 
-    dr = dag.test(run_conf={"config": str(TINY), "train": {"steps": 5}, "eval": {"floor": "unigram"}})
+    unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
+    dr = dag.test(run_conf={"config": unigram, "train": {"steps": 5}})
     assert str(dr.state) == "success", _states(dr)
     report, reg = _gate(dr)
     assert report["baseline"]["floor"] == "unigram" and not report["passed"], report["reason"]
@@ -228,8 +229,8 @@ def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp
 
         threading.Thread(target=bring_the_store_back, daemon=True).start()
         try:
-            dr = dag.test(run_conf={"config": str(TINY), "eval": {"baseline": "floor"},
-                                    "registry": {"retries": 1, "retry_backoff_s": 0.1}})
+            floor = deployment_config(tmp_path, monkeypatch, "eval:\n  baseline: floor\n")
+            dr = dag.test(run_conf={"config": floor, "registry": {"retries": 1, "retry_backoff_s": 0.1}})
             assert reopened.is_set(), "registration never failed while the store was down"
             assert str(dr.state) == "success", _states(dr)
             tries = _tries(dr)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import time_scale
-from live_airflow import wait_for
+from live_airflow import PLANTED_SECRET, wait_for
 
 from conftest import REPO
 
@@ -47,6 +47,7 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
     linked = tmp_path / "linked.yaml"
     linked.write_text(f"extends: {evil}\nname: y\n")
     escape = "configs/" + os.path.relpath(evil, REPO / "configs")
+    labels = live.deployment_config("labels", "limits:\n  trigger_may_set: [compute.kubernetes.labels]\n")
     cases = {
         "typo": ({"trian": {"lr": 0.1}}, "trian: not a conf key (did you mean 'train'?)"),
         "missing": ({"config": "configs/missing.yaml"}, "no such file in the config roots"),
@@ -54,8 +55,17 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         "dotdot": ({"config": escape}, "outside the config roots"),
         "extends": ({"config": str(linked)}, "outside the config roots"),
         "data": ({"data": {"train": "/etc"}}, "data.train: '/etc' is outside the data roots"),
-        "env": ({"data": {"train": "${AIRFLOW__API_AUTH__JWT_SECRET}"}}, "data.train: environment references"),
-        "contradiction": ({"train_lr": 0.01, "train": {"lr": 0.02}}, "train_lr: 0.01 contradicts train.lr = 0.02"),
+        "contradiction": ({"train_lr": 0.01, "train": {"lr": 0.02}}, "train_lr: contradicts train.lr"),
+        # the trust boundary's attacks (docs/security.md), each refused before any stage runs
+        "cluster": ({"compute": {"kubernetes": {"image": "attacker.example/x:v1", "service_account": "taxiway-launcher",
+                                                "secret_env_from": ["taxiway-airflow-metadata"]}}},
+                    "compute.kubernetes.image: only the deployment sets this"),
+        "gate": ({"registry": {"challenger_alias": "champion"}, "eval": {"confidence": 0.5}},
+                 "registry.challenger_alias: only the deployment sets this"),
+        "escaped env": ({"config": labels, "set": ['compute.kubernetes.labels={a: "\\x24{SECRET_DB_URL}"}']},
+                        "compute.kubernetes.labels: Value error, a: label value must be"),
+        "anchors": ({"set": ["model={a: &x [1], b: *x}"]}, "model: YAML anchors and aliases"),
+        "limits": ({"limits": {"nodes": 1000}}, "limits.nodes: only the deployment sets this"),
     }
     runs = {}
     for name, (conf, _) in cases.items():
@@ -70,6 +80,7 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         log = _log(live, run_id, "resolve_config")
         assert cases[name][1] in log, (name, log[-2000:])
         assert SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log, name
+    assert not live.files_holding(PLANTED_SECRET)  # no file the deployment wrote holds its environment's secret
     # the failure's note, set over REST by the task's callback within its budget (or by the DAG's after it)
     note = wait_for("the typo run's note", lambda: live.dag_run(DAG, runs["typo"])["note"], time_scale.scaled(60))
     assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian"), note
@@ -155,7 +166,8 @@ def test_a_transient_failure_is_retried_by_the_scheduler_and_succeeds(live_airfl
     live = live_airflow
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
     with champion_lock(None, "taxiway-tiny-gpt", timeout_s=60):
-        resp = live.trigger(DAG, {"eval": {"baseline": "floor"}, "registry": {"lock_timeout_s": 2}})
+        floor = live.deployment_config("floor-lock", "eval:\n  baseline: floor\nregistry:\n  lock_timeout_s: 2\n")
+        resp = live.trigger(DAG, {"config": floor})
         assert resp.status_code == 200, resp.text
         run_id = resp.json()["dag_run_id"]
         wait_for("registration's first try to fail", lambda: live.task_instance(DAG, run_id, "register.model_version")

@@ -12,7 +12,7 @@ import pytest
 from refresh_batches import CHAMPION_STEPS, new_files, register_champion, source
 from trained_models import make_run
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, deployment_config
 
 pytestmark = pytest.mark.e2e
 
@@ -162,7 +162,8 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
 
 
 def test_a_failing_batch_is_not_consumed_and_is_quarantined_after_its_attempts(refresh_dag, champion, home: Path,
-                                                                               demo_data: Path, tmp_path: Path):
+                                                                               demo_data: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
     from pipelines.registry import client
 
     src = source(tmp_path / "bad", new_files(demo_data, 0, 6))
@@ -174,7 +175,8 @@ def test_a_failing_batch_is_not_consumed_and_is_quarantined_after_its_attempts(r
     assert states["register.model_version"] == "upstream_failed", states
     assert len(client().search_model_versions("name = 'taxiway-tiny-gpt'")) == 1
 
-    dr = refresh_dag.test(run_conf={"refresh": {"max_attempts": 1}})
+    once = deployment_config(tmp_path, monkeypatch, "refresh:\n  max_attempts: 1\n")  # the deployment's policy
+    dr = refresh_dag.test(run_conf={"config": once})
     _skipped(dr)
     (quarantined,) = _plan(dr)["quarantined"]
     assert quarantined["id"] == "bad" and len(quarantined["attempts"]) == 1

@@ -45,7 +45,7 @@ def test_a_grid_is_every_combination_and_a_list_is_its_points(base):
     ([{"train": 1}, {"train.lr": 0.2}], {"sweep[0].train": "a section, not a leaf"}),
     ([{"data.train": "x"}, {"tokenizer.vocab_size": 300}, {"pack.seq_len": 16}, {"name": "x"}, {"eval.seed": 1}],
      {"sweep[0].data.train": "not sweepable", "sweep[1].tokenizer.vocab_size": "not sweepable",
-      "sweep[2].pack.seq_len": "not sweepable", "sweep[3].name": "not sweepable", "sweep[4].eval.seed": "not sweepable"}),
+      "sweep[2].pack.seq_len": "not sweepable", "sweep[3].name": "not sweepable", "sweep[4].eval.seed": "only the deployment sets this"}),
     ([{"model.n_head": 3}, {"train.lr": 0.2}], {"sweep[0].model": "multiple of n_head"}),
     ([{"train.lr": 0.1}, {"train.steps": 7}, {"train.lr": 0.1}], {"sweep[2]": "same config as sweep[0]"}),
     ({"train.lr": [0.1]}, {"sweep": "1 member(s); a sweep has 2 to 16"}),

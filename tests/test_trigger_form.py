@@ -57,17 +57,16 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
     assert spec["train_steps"]["schema"].items() >= {"type": "integer", "minimum": 1}.items() and spec["train_steps"]["value"] == 30
     assert spec["train_decay"]["schema"]["enum"] == ["cosine", "linear"]
     assert spec["preflight_action"]["schema"]["values_display"]["decontaminate"].startswith("drop")
-    assert spec["eval_confidence"]["schema"].items() >= {"minimum": 0.5, "exclusiveMaximum": 1.0}.items()
-    assert spec["eval_bootstrap_samples"]["schema"]["maximum"] == 100_000
+    assert spec["train_steps"]["schema"]["maximum"] == 10_000_000  # every size has a ceiling
     assert spec["tokenizer_vocab_size"]["schema"].items() >= {"minimum": 260, "maximum": 1_048_576}.items()
     assert spec["model_dropout"]["schema"].items() >= {"minimum": 0.0, "maximum": 1.0}.items()
-    assert {"compute_nodes", "train_seed", "eval_seed", "eval_baseline", "train_batch_size", "model_n_layer"} <= set(spec)
+    assert {"compute_nodes", "train_seed", "train_batch_size", "model_n_layer"} <= set(spec)
 
     # the run-level fields first (the form's open default section), then the groups in order, then the JSON
     sections = [s["schema"].get("section") for s in spec.values()]
     assert sections[:4] == [None] * 4 and list(spec)[:4] == ["config", "name", "parent", "set"]
     assert list(dict.fromkeys(sections[4:])) == [*GROUPS, ADVANCED]
-    for name in ("data", "train", "compute", "eval", "refresh"):
+    for name in ("data", "train", "compute", "eval", "registry"):
         assert spec[name]["schema"]["section"] == ADVANCED and isinstance(spec[name]["value"], dict), name
     assert "lr" not in spec["train"]["value"] and "grad_clip" in spec["train"]["value"]  # shown once, not twice
 
@@ -78,12 +77,23 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
             assert "null" in s["schema"]["type"], key  # a null value is the default, not a failed validation
     assert not [d for d in _descriptions(spec) if "``" in d]
     optional = {k for k, s in spec.items() if not _required(s)}
-    assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent"))} <= optional
+    assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent", "refresh", "limits"))} <= optional
     assert not [k for k, s in spec.items() if _required(s) and s["value"] in (None, "", [])]  # no required field empty
 
-    refresh = _spec(served["taxiway_refresh"].params)
-    assert refresh["refresh_steps"]["schema"]["section"] == "Refresh" and refresh["refresh_steps"]["value"] == 40
-    assert "refresh_steps" not in spec
+    assert _spec(served["taxiway_refresh"].params) == spec  # a refresh's own knobs are the deployment's
+
+
+def test_the_form_offers_no_field_only_the_deployment_sets(served):
+    """Neither as a field of its own nor inside a section's JSON (docs/security.md)."""
+    from pipelines.config.trust import OWNED, owner_reason
+
+    for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_sweep"):
+        spec = _spec(served[dag_id].params)
+        assert not {"refresh", "limits"} & set(spec), dag_id
+        offered = [k.replace("_", ".", 1) for k in spec if "_" in k and k.split("_", 1)[0] in OWNED.keys() | {
+            "eval", "registry", "compute"}]
+        offered += [f"{name}.{k}" for name, s in spec.items() if isinstance(s["value"], dict) for k in s["value"]]
+        assert not [p for p in offered if owner_reason(p)], dag_id
 
 
 def _resolved(conf: dict[str, Any]):
@@ -101,9 +111,10 @@ def _accepted(dag, conf: dict[str, Any]) -> None:
 def test_form_conf_and_nested_rest_conf_make_the_same_run_config(served):
     dag = served["taxiway_train"]
     form = {k: v["value"] for k, v in _spec(dag.params).items()}  # what the UI sends: every field, defaults included
-    form.update(train_lr=0.01, model_n_layer=3, eval_baseline="floor", compute_nodes=1)
+    form.update(train_lr=0.01, model_n_layer=3, compute_nodes=1)
     form["train"] = {**form["train"], "grad_clip": 0.5}  # a field only the section's JSON shows
-    rest = {"train": {"lr": 0.01, "grad_clip": 0.5}, "model": {"n_layer": 3}, "eval": {"baseline": "floor"},
+    form["eval"] = {**form["eval"], "temperature": 0.5}
+    rest = {"train": {"lr": 0.01, "grad_clip": 0.5}, "model": {"n_layer": 3}, "eval": {"temperature": 0.5},
             "compute": {"nodes": 1}}
     for conf in (form, rest):
         _accepted(dag, conf)
@@ -111,7 +122,7 @@ def test_form_conf_and_nested_rest_conf_make_the_same_run_config(served):
     assert by_form == by_rest and by_form.sha256() == by_rest.sha256()
     assert (by_form.train.lr, by_form.model.n_layer, by_form.train.grad_clip, by_form.compute.nodes) == (0.01, 3, 0.5, 1)
     assert _resolved({k: v["value"] for k, v in _spec(dag.params).items()}) == _resolved({})  # an untouched form changes nothing
-    flat = _resolved({"train_lr": 0.01, "model_n_layer": 3, "eval_baseline": "floor", "compute_nodes": 1,
+    flat = _resolved({"train_lr": 0.01, "model_n_layer": 3, "compute_nodes": 1, "eval": {"temperature": 0.5},
                       "train": {"grad_clip": 0.5}})  # REST may send form fields too
     assert flat == by_rest
 
@@ -122,7 +133,8 @@ def test_contradictions_are_refused_naming_both_keys_and_a_changed_value_wins(se
 
     with pytest.raises(ConfigError) as err:
         overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.02}})
-    assert "train_lr" in str(err.value) and "train.lr = 0.02" in str(err.value) and "send one of them" in str(err.value)
+    assert "train_lr: contradicts train.lr" in str(err.value) and "send one of them" in str(err.value)
+    assert "0.01" not in str(err.value) and "0.02" not in str(err.value)  # names, never a trigger's values
     assert overrides_from_conf({"train_lr": 0.01, "train": {"lr": 0.01}}) == {"train": {"lr": 0.01}}
     default = _spec(served["taxiway_train"].params)["train_lr"]["value"]
     assert overrides_from_conf({"train_lr": default, "train": {"lr": 0.02}}) == {"train": {"lr": 0.02}}
@@ -143,8 +155,10 @@ def test_bad_form_values_are_refused_at_trigger_time_naming_the_field(served):
             _accepted(dag, conf)
     with pytest.raises(ConfigError, match=r"train_lrr: not a conf key \(did you mean 'train_lr'\?\)"):
         check_conf({"train_lrr": 0.1})
-    with pytest.raises(ConfigError, match="data_train: environment references"):
-        check_conf({"data_train": "${HOME}"})
+    with pytest.raises(ConfigError, match="conf: nested 9 levels deep"):
+        check_conf({"train": {"a": [[[[[[[[1]]]]]]]]}})
+    with pytest.raises(ConfigError, match="conf: larger than 64 KiB"):
+        check_conf({"set": ["train.lr=1"] * 10_000})
 
 
 def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served):

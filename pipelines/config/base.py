@@ -3,7 +3,7 @@ error that names every bad field by its dotted path, and the constrained number 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,6 +11,12 @@ from pipelines.errors import BadInput
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+PathText = Annotated[str, Field(min_length=1, max_length=4096)]  # a local path, glob or fsspec URI
+
+
+def Bounded(most: int) -> Any:  # noqa: N802 (reads as a type in a field's annotation)
+    """A positive count, size or duration of at most ``most``: every one in the schema has a ceiling."""
+    return Annotated[int, Field(gt=0, le=most)]
 
 
 class ConfigError(BadInput):

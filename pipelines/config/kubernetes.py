@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from pipelines.config.base import PositiveInt, Section
+from pipelines.config.base import Section
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -21,8 +21,10 @@ _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 _SECRETISH = re.compile(r"secret|passw|token|credential|private.?key|access.?key|api.?key|auth", re.I)
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL)]
-Quantity = Annotated[str, Field(pattern=_QUANTITY)]
+DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+Quantity = Annotated[str, Field(pattern=_QUANTITY, max_length=32)]
+Text = Annotated[str, Field(max_length=1024)]
+MANY = 64  # most entries of a list or mapping in a pod spec (env vars, labels, tolerations, Secrets)
 
 
 def check_label(key: str, value: str) -> str | None:
@@ -33,26 +35,26 @@ def check_label(key: str, value: str) -> str | None:
     if not name or not _LABEL_VALUE.match(name):
         return f"label key name {name!r} must be 1-63 chars of [A-Za-z0-9._-], alphanumeric at both ends"
     if not _LABEL_VALUE.match(value):
-        return f"label value {value!r} must be at most 63 chars of [A-Za-z0-9._-], alphanumeric at both ends"
+        return "label value must be at most 63 chars of [A-Za-z0-9._-], alphanumeric at both ends"
     return None
 
 
 class Toleration(Section):
     """A node taint the pods tolerate (the Kubernetes toleration fields)."""
 
-    key: str | None = None
+    key: Text | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
+    value: Text | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long the pod stays bound")
+    toleration_seconds: int | None = Field(None, ge=0, le=31_536_000, description="NoExecute only: how long the pod stays bound")
 
 
 class SecretEnv(Section):
     """One environment variable read from a Secret key: the spec names the Secret, never holds the value."""
 
-    name: str = Field(pattern=_ENV_NAME)
+    name: str = Field(pattern=_ENV_NAME, max_length=253)
     secret: DnsLabel = Field(description="Secret name in the job's namespace")
-    key: str = Field(min_length=1, description="Key inside the Secret")
+    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret")
 
 
 class KubernetesConfig(Section):
@@ -62,47 +64,47 @@ class KubernetesConfig(Section):
     carry no credential values, so they can be printed, logged and reviewed.
     """
 
-    connection_id: str = Field("kubernetes_default", min_length=1,
+    connection_id: str = Field("kubernetes_default", min_length=1, max_length=250,
                                description="Airflow connection holding the cluster credentials")
     namespace: DnsLabel = "taxiway"
     service_account: str = Field("taxiway-trainer", pattern=_DNS_SUBDOMAIN, max_length=253,
                                  description="Service account of the node pods (needs no API permissions)")
     require_digest: bool = Field(False, description="Refuse tag-pinned images too: only repo@sha256:<digest>")
     image: str | None = Field(
-        None, description="Trainer image (docker/trainer.Dockerfile), pinned: repo@sha256:<digest> (preferred) "
+        None, max_length=1024, description="Trainer image (docker/trainer.Dockerfile), pinned: repo@sha256:<digest> (preferred) "
                           "or repo:<git-sha tag>; ':latest' and untagged images are refused")
-    image_pull_secrets: list[DnsLabel] = Field([], description="Secret names for pulling from a private registry")
+    image_pull_secrets: list[DnsLabel] = Field([], max_length=MANY, description="Secret names for pulling from a private registry")
     cpu: Quantity = Field("8", description="CPU request per node pod")
     cpu_limit: Quantity | None = Field(
         None, description="CPU limit per node pod; None = no CFS quota (throttling slows data loading and NCCL)")
     memory: Quantity = Field("64Gi", description="Memory request and limit per node pod")
-    gpus: Annotated[int, Field(ge=0)] = Field(0, description="nvidia.com/gpu per node pod (request = limit)")
+    gpus: Annotated[int, Field(ge=0, le=64)] = Field(0, description="nvidia.com/gpu per node pod (request = limit)")
     shm_size: Quantity = Field("16Gi", description="Size of /dev/shm (memory-medium emptyDir; counts as memory)")
-    node_selector: dict[str, str] = {}
-    tolerations: list[Toleration] = []
+    node_selector: dict[str, Text] = Field({}, max_length=MANY)
+    tolerations: list[Toleration] = Field([], max_length=MANY)
     affinity: dict[str, Any] | None = Field(
-        None, description="Pod affinity as in Kubernetes: nodeAffinity, podAffinity, podAntiAffinity")
+        None, max_length=3, description="Pod affinity as in Kubernetes: nodeAffinity, podAffinity, podAntiAffinity")
     priority_class: str | None = Field(None, pattern=_DNS_SUBDOMAIN, max_length=253)
     volume_claim: DnsLabel | None = Field(
         None, description="PersistentVolumeClaim (ReadWriteMany) holding TAXIWAY_HOME: run folders, checkpoints, "
                           "packed data; Airflow workers mount the same volume at mount_path")
-    mount_path: str = Field("/taxiway", pattern=r"^/[^:]*$",
+    mount_path: str = Field("/taxiway", pattern=r"^/[^:]*$", max_length=1024,
                             description="Where the volume is mounted in the pods: TAXIWAY_HOME there")
-    secret_env: list[SecretEnv] = Field([], description="Env vars from Secret keys (e.g. object-store credentials)")
-    secret_env_from: list[DnsLabel] = Field([], description="Secrets whose every key becomes an env var")
-    env: dict[str, str] = Field({}, description="Plain env vars (e.g. NCCL_SOCKET_IFNAME); never secrets")
-    labels: dict[str, str] = Field({}, description="Extra labels on the Job, its pods and the Service")
-    run_as_user: Annotated[int, Field(ge=1)] = Field(10001, description="Non-root uid (the trainer image's)")
-    run_as_group: Annotated[int, Field(ge=1)] = 10001
-    fs_group: Annotated[int, Field(ge=1)] = Field(10001, description="Group owning the mounted volume's files")
-    termination_grace_s: PositiveInt = Field(
+    secret_env: list[SecretEnv] = Field([], max_length=MANY, description="Env vars from Secret keys (e.g. object-store credentials)")
+    secret_env_from: list[DnsLabel] = Field([], max_length=MANY, description="Secrets whose every key becomes an env var")
+    env: dict[str, Text] = Field({}, max_length=MANY, description="Plain env vars (e.g. NCCL_SOCKET_IFNAME); never secrets")
+    labels: dict[str, Text] = Field({}, max_length=MANY, description="Extra labels on the Job, its pods and the Service")
+    run_as_user: Annotated[int, Field(ge=1, le=2_147_483_647)] = Field(10001, description="Non-root uid (the trainer image's)")
+    run_as_group: Annotated[int, Field(ge=1, le=2_147_483_647)] = 10001
+    fs_group: Annotated[int, Field(ge=1, le=2_147_483_647)] = Field(10001, description="Group owning the mounted volume's files")
+    termination_grace_s: Annotated[int, Field(gt=0, le=86_400)] = Field(
         300, description="SIGTERM → SIGKILL window of a node pod; must exceed checkpoint_save_s")
-    checkpoint_save_s: PositiveInt = Field(
+    checkpoint_save_s: Annotated[int, Field(gt=0, le=86_400)] = Field(
         60, description="Longest checkpoint save on this cluster; a SIGTERMed node saves one before exiting")
     rendezvous_port: Annotated[int, Field(ge=1024, le=65535)] = Field(29400, description="torchrun c10d port")
-    rendezvous_timeout_s: PositiveInt = Field(
+    rendezvous_timeout_s: Annotated[int, Field(gt=0, le=86_400)] = Field(
         900, description="How long nodes wait for the whole gang to join (pods may start minutes apart)")
-    ttl_after_finished_s: Annotated[int, Field(ge=0)] = Field(
+    ttl_after_finished_s: Annotated[int, Field(ge=0, le=31_536_000)] = Field(
         3600, description="A finished Job is garbage-collected after this, should teardown never run")
 
     @field_validator("image")
@@ -152,16 +154,17 @@ class KubernetesConfig(Section):
 
 
 def image_problem(image: str, require_digest: bool = False) -> str | None:
-    """Why an image reference is not pinned (None when it is): digest preferred, a tag at least."""
+    """Why an image reference is not pinned (None when it is): digest preferred, a tag at least. The
+    reason never quotes the reference (it may have been expanded from the environment)."""
     if _DIGEST.search(image):
         return None
     if require_digest:
-        return f"{image!r} is not pinned by digest (require_digest is set): use repo@sha256:<digest>"
+        return "the image is not pinned by digest (require_digest is set): use repo@sha256:<digest>"
     name, sep, tag = image.rpartition(":")
     if not sep or "/" in tag:
-        return f"{image!r} has no tag, so it means ':latest'; pin it: repo@sha256:<digest> or repo:<git-sha>"
+        return "the image has no tag, so it means ':latest'; pin it: repo@sha256:<digest> or repo:<git-sha>"
     if tag.lower() == "latest":
-        return f"{image!r} uses ':latest', which moves; pin it: repo@sha256:<digest> or repo:<git-sha>"
+        return "the image uses ':latest', which moves; pin it: repo@sha256:<digest> or repo:<git-sha>"
     if not _TAG.match(tag) or not name or name != name.lower():
-        return f"{image!r} is not a valid image reference (lowercase repository, tag of [A-Za-z0-9_.-])"
+        return "not a valid image reference (lowercase repository, tag of [A-Za-z0-9_.-])"
     return None

@@ -1,7 +1,11 @@
 """Loading a RunConfig: YAML files composed with ``extends:`` (inside the config roots when a
-trigger chose the file), ``${VAR}`` expanded from the environment, an overlay dict (a DAG run's
-conf), then dotted ``--set key=value`` overrides; errors name every bad field by its dotted path
-and never echo a file's contents."""
+trigger chose the file), ``${VAR}`` expanded from the environment in those files only, an overlay
+dict (a DAG run's conf), then dotted ``--set key=value`` overrides. What a trigger sends (overlay,
+``set``) is taken as values: never expanded, parsed as plain YAML (no tags, anchors or aliases),
+bounded in size and depth, and refused where only the deployment may set it (``trust``). Errors
+name every bad field by its dotted path and never echo a file's contents.
+
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pipelines.config import trust
 from pipelines.config.base import ConfigError
 from pipelines.config.schema import SECTIONS, RunConfig
 from pipelines.roots import Roots
 from pipelines.run_folder import taxiway_home
 
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+MAX_SET_LINES = 64       # ``set`` lines of one trigger
+MAX_SET_CHARS = 4096     # characters of one ``set`` line
+MAX_DEPTH = 8            # nesting of a value a trigger sends (lists and mappings)
 
 
 def _expand(value: Any, where: str, errors: dict[str, str]) -> Any:
@@ -103,6 +111,10 @@ def read_yaml_chain(path: str | Path, roots: Roots | None = None, _seen: tuple[P
     if not isinstance(raw, dict):
         raise ConfigError({"<file>": "not a RunConfig: its top level is not a mapping"}, str(path))
     _check_sections(raw, str(path))
+    errors: dict[str, str] = {}
+    raw = _expand(raw, "", errors)  # the deployment's own files: the only place ${VAR} means anything
+    if errors:
+        raise ConfigError(errors, str(path))
     parents = raw.pop("extends", None) or []
     merged: dict[str, Any] = {}
     for parent in [parents] if isinstance(parents, str) else parents:
@@ -110,18 +122,59 @@ def read_yaml_chain(path: str | Path, roots: Roots | None = None, _seen: tuple[P
     return deep_merge(merged, raw)
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` strings; values parse as YAML scalars (``3e-4``, ``true``, ``[1,2]``)."""
-    out = copy.deepcopy(raw)
-    for item in overrides:
+def parse_value(text: str, key: str, source: str = "--set") -> Any:
+    """One ``key=value``'s value as YAML (``3e-4``, ``true``, ``[1, 2]``, ``{a: b}``), refusing tags,
+    anchors and aliases (``*a`` would let a short line expand into a huge value), and values nested
+    deeper than ``MAX_DEPTH``; a malformed value is bad input naming ``key`` (never its text)."""
+    if not text.strip():
+        return None
+    if len(text) > MAX_SET_CHARS:
+        raise ConfigError({key: f"value longer than {MAX_SET_CHARS} characters"}, source)
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ConfigError({key: "YAML anchors and aliases (&, *) are not allowed in a value"}, source)
+            if getattr(event, "tag", None) is not None:
+                raise ConfigError({key: "YAML tags (!...) are not allowed in a value"}, source)
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ConfigError({key: f"value nested deeper than {MAX_DEPTH} levels"}, source)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:  # where, never what
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at column {mark.column + 1}" if mark else ""
+        raise ConfigError({key: f"value is not valid YAML{where}"}, source) from None
+    if isinstance(value, str) and re.fullmatch(r"[-+]?\d*\.?\d+[eE][-+]?\d+", value):
+        value = float(value)  # YAML 1.1 reads 3e-4 as a string
+    return value
+
+
+def parse_overrides(items: list[str], source: str = "--set") -> list[tuple[str, Any]]:
+    """``key.path=value`` lines as (dotted key, value) pairs, each value parsed by ``parse_value``."""
+    if len(items) > MAX_SET_LINES:
+        raise ConfigError({source: f"{len(items)} lines; at most {MAX_SET_LINES}"}, source)
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError({source: "each line is a string key.path=value"}, source)
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError({item: "expected key.path=value"}, "--set")
-        value = yaml.safe_load(text) if text.strip() else None
-        if isinstance(value, str) and re.fullmatch(r"[-+]?\d*\.?\d+[eE][-+]?\d+", value):
-            value = float(value)  # YAML 1.1 reads 3e-4 as a string
+            raise ConfigError({item[:80]: "expected key.path=value"}, source)
+        out.append((key.strip(), parse_value(text, key.strip(), source)))
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | list[tuple[str, Any]]) -> dict[str, Any]:
+    """Apply ``key.path=value`` lines (or pairs from ``parse_overrides``): each replaces one node."""
+    pairs = [p if isinstance(p, tuple) else parse_overrides([p])[0] for p in overrides]
+    out = copy.deepcopy(raw)
+    for key, value in pairs:
         node = out
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
@@ -151,11 +204,8 @@ def _reason(err: dict[str, Any]) -> str:
 def validate(raw: dict[str, Any], source: str = "config") -> RunConfig:
     errors: dict[str, str] = {}
     _check_sections(raw, source, from_file=False)  # files were checked as read: this catches overrides
-    expanded = _expand(raw, "", errors)
-    if errors:
-        raise ConfigError(errors, source)
     try:
-        return RunConfig.model_validate(expanded)
+        return RunConfig.model_validate(raw)
     except ValidationError as exc:
         for err in exc.errors():
             path = ".".join(str(p) for p in err["loc"]) or "<root>"
@@ -172,3 +222,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     if extra:
         raw = deep_merge(raw, extra)
     return validate(apply_overrides(raw, overrides or []), str(path))
+
+
+def load_triggered(path: str | Path, overlay: dict[str, Any], sets: list[str], roots: Roots) -> RunConfig:
+    """A config as a trigger asks for it: the deployment's file chain (inside ``roots``), the trigger's
+    ``overlay`` and ``sets`` as values, refused where only the deployment may set a field unless the
+    file chain's ``limits.trigger_may_set`` allows it."""
+    raw = read_yaml_chain(path, roots)
+    pairs = parse_overrides(sets, "set")
+    paths = [*trust.leaves(overlay, ""), *(p for key, value in pairs for p in (key, *trust.leaves(value, key)))]
+    trust.refuse_owned(paths, trust.allowed_by(raw), "conf")
+    return validate(apply_overrides(deep_merge(raw, overlay), pairs), str(path))

@@ -144,15 +144,17 @@ def _evaluated_against(report: dict[str, Any], name: str) -> str | None:
 
 def set_challenger(reg: RegistryConfig, version: str, reason: str) -> Outcome:
     """``challenger`` for a version that did not win — unless it already is the champion (the same
-    run registered again, evaluated against itself): that keeps its alias."""
+    run registered again, evaluated against itself): that keeps its alias. Under the champion lock, as
+    every alias move is: the check and the move are one step against a champion move in between."""
 
     def mark() -> Outcome:
         c = client()
-        mv = current_champion(c, reg.model_name, reg.champion_alias, missing_ok=True)
-        if mv is not None and str(mv.version) == version:
-            return Outcome(reg.champion_alias, f"already the champion; this evaluation: {reason}")
-        c.set_registered_model_alias(reg.model_name, reg.challenger_alias, version)
-        c.set_model_version_tag(reg.model_name, version, "taxiway.alias_reason", reason[:5000])
+        with champion_lock(c, reg.model_name, reg.lock_timeout_s):
+            mv = current_champion(c, reg.model_name, reg.champion_alias, missing_ok=True)
+            if mv is not None and str(mv.version) == version:
+                return Outcome(reg.champion_alias, f"already the champion; this evaluation: {reason}")
+            c.set_registered_model_alias(reg.model_name, reg.challenger_alias, version)
+            c.set_model_version_tag(reg.model_name, version, "taxiway.alias_reason", reason[:5000])
         return Outcome(reg.challenger_alias, reason)
 
     return with_retries(reg, "set the challenger alias", mark)

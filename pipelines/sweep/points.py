@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipelines.config import ConfigError, RunConfig, suggest, validate
+from pipelines.config.trust import refusal
 from pipelines.run_folder import RunFolder
 from trainer import fsio
 
@@ -49,18 +51,26 @@ def _where(index: int, key: str | None = None) -> str:
     return f"sweep[{index}]" + (f".{key}" if key else "")
 
 
-def expand(spec: Any) -> list[dict[str, Any]]:
-    """The points of a grid (cartesian product) or a list of points, not yet checked against the config."""
+def _size(count: int, most: int) -> None:
+    if not MIN_MEMBERS <= count <= most:
+        raise ConfigError({"sweep": f"{count:,} member(s); a sweep has {MIN_MEMBERS} to {most}"}, "sweep")
+
+
+def expand(spec: Any, most: int = MAX_MEMBERS) -> list[dict[str, Any]]:
+    """The points of a grid (cartesian product) or a list of points, not yet checked against the config.
+    The count is checked from the lists' lengths before any point is built (a short grid can name millions)."""
     if isinstance(spec, dict):
         if not spec:
             raise ConfigError({"sweep": "empty grid; give each config leaf a list of values"}, "sweep")
-        bad = {f"sweep.{k}": "a grid gives each key a non-empty list of values" for k, v in spec.items()
+        bad = {f"sweep.{k}"[:200]: "a grid gives each key a non-empty list of values" for k, v in spec.items()
                if not isinstance(v, list) or not v}
         if bad:
             raise ConfigError(bad, "sweep")
+        _size(math.prod(len(v) for v in spec.values()), most)
         keys = list(spec)
         return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(spec[k] for k in keys))]
     if isinstance(spec, list):
+        _size(len(spec), most)
         bad = {_where(i): "a point is a mapping of dotted config leaves to values" for i, p in enumerate(spec)
                if not isinstance(p, dict) or not p}
         if bad:
@@ -99,14 +109,14 @@ def _overlay(raw: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 
 def members(base: RunConfig, spec: Any) -> list[Member]:
-    """The sweep's members, each checked against the RunConfig; every problem named by point and key."""
-    points = expand(spec)
-    if not MIN_MEMBERS <= len(points) <= MAX_MEMBERS:
-        raise ConfigError({"sweep": f"{len(points)} member(s); a sweep has {MIN_MEMBERS} to {MAX_MEMBERS}"}, "sweep")
+    """The sweep's members, each checked against the RunConfig; every problem named by point and key.
+    A point is a trigger's: its keys are refused where only the deployment sets them, its values are
+    values (never expanded), and the count stays within ``limits.sweep_members``."""
+    points = expand(spec, base.limits.sweep_members)
     errors: dict[str, str] = {}
     for i, point in enumerate(points):
         for key in point:
-            if (why := _leaf_problem(base, key)) is not None:
+            if (why := refusal(key, base.limits.trigger_may_set) or _leaf_problem(base, key)) is not None:
                 errors[_where(i, key)] = why
     if errors:
         raise ConfigError(errors, "sweep")

@@ -3,7 +3,9 @@ into the form's sections; every other field stays editable as its section's JSON
 
 A form field's conf key is its dotted path with ``_`` for the dot (``train.lr`` → ``train_lr``),
 so it never collides with a section key, which REST callers keep using (``{"train": {"lr": …}}``).
-Descriptions, enums and bounds come from the RunConfig schema, not from here.
+Descriptions, enums and bounds come from the RunConfig schema, not from here. Fields only the
+deployment sets (``pipelines.config.trust``: the gate, the registry's names, compute.kubernetes,
+refresh, limits) are never offered.
 """
 
 from __future__ import annotations
@@ -76,32 +78,13 @@ GROUPS: dict[str, tuple[FormField, ...]] = {
         FormField("compute.nodes", "Nodes"),
         FormField("compute.procs_per_node", "Processes per node"),
     ),
-    "Evaluation gate": (
-        FormField("eval.baseline", "Baseline to beat", examples=("champion", "parent", "floor")),
-        FormField("eval.confidence", "Gate confidence"),
-        FormField("eval.min_improvement", "Required improvement (bits/byte)"),
-        FormField("eval.bootstrap_samples", "Bootstrap resamples"),
-        FormField("eval.seed", "Evaluation seed"),
-    ),
-    "Registry": (
-        FormField("registry.model_name", "Registered model name"),
-    ),
 }
 
-# shown by taxiway_refresh only: a refresh's own knobs
-REFRESH_GROUP: dict[str, tuple[FormField, ...]] = {
-    "Refresh": (
-        FormField("refresh.steps", "Steps past the champion"),
-        FormField("refresh.replay_fraction", "Replayed old data"),
-        FormField("refresh.max_regression_bpb", "Largest regression on the fixed set (bits/byte)"),
-    ),
-}
-
-ALL_FIELDS: tuple[FormField, ...] = tuple(f for group in (GROUPS, REFRESH_GROUP) for fs in group.values() for f in fs)
+ALL_FIELDS: tuple[FormField, ...] = tuple(f for fields in GROUPS.values() for f in fields)
 
 # titles of the scalar sections (their conf key is the section itself) and of each section's JSON
 SECTION_TITLES = {
     "name": "Experiment name", "parent": "Continue from model", "data": "Data", "preflight": "Preflight",
     "tokenizer": "Tokenizer", "pack": "Packing", "model": "Model", "train": "Training", "checkpoint": "Checkpoints",
-    "compute": "Compute", "eval": "Evaluation", "registry": "Registry", "refresh": "Refresh",
+    "compute": "Compute", "eval": "Evaluation", "registry": "Registry", "refresh": "Refresh", "limits": "Limits",
 }

@@ -17,13 +17,16 @@ from each other are refused, naming both keys.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from functools import lru_cache
 from typing import Any
 
 from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
+from pipelines.config.load import MAX_DEPTH
+from pipelines.config.trust import OWNED, owner_reason
 from pipelines.roots import REPO, Roots
-from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, REFRESH_GROUP, SECTION_TITLES, FormField
+from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TITLES, FormField
 
 # Airflow checks a Param's schema against its dialect's metaschema on every resolve, and serializing
 # a DAG (the DAG processor on every parse, the api-server, dag.test) resolves every param of every
@@ -32,6 +35,7 @@ from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, REFRESH_GR
 DIALECT = "http://json-schema.org/draft-07/schema#"
 FIELD_KEYS = tuple(f.key for f in ALL_FIELDS)
 CONF_KEYS = ("config", "set", *SECTIONS, *FIELD_KEYS)
+MAX_CONF_BYTES = 64 * 1024  # a run's settings as JSON; the whole config of the largest preset is ~5 KiB
 _MISSING = object()
 
 
@@ -131,10 +135,10 @@ def _form_field(f: FormField, default: Any, group: str, schemas: dict[str, dict[
     return param(copy.deepcopy(default), description=description, title=f.title, section=group, **schema)
 
 
-def build_params(refresh: bool = False) -> dict[str, Any]:
+def build_params() -> dict[str, Any]:
     """The trigger form: run-level fields first (the form's open section), then ``form_fields``'s
-    sections, then each config section's remaining fields as JSON; ``refresh`` adds the refresh
-    section (taxiway_refresh)."""
+    sections, then each config section's remaining fields as JSON, less the fields only the
+    deployment sets (a section wholly the deployment's is not offered at all)."""
     path = default_config_path()
     defaults = form_defaults(path)
     schemas = section_schemas()
@@ -148,15 +152,15 @@ def build_params(refresh: bool = False) -> dict[str, Any]:
         "set": param([], type=["array", "null"], items={"type": "string"}, title="Overrides",
                      description="key.path=value lines applied last, over everything else, e.g. train.lr=3e-4"),
     }
-    groups = {**GROUPS, **(REFRESH_GROUP if refresh else {})}
-    for group, fields in groups.items():
+    for group, fields in GROUPS.items():
         for f in fields:
             params[f.key] = _form_field(f, defaults[f.section][f.leaf], group, schemas)
-    shown = {f.path for fields in groups.values() for f in fields}
+    shown = {f.path for fields in GROUPS.values() for f in fields}
     for name in SECTIONS:
-        if name in params:
+        if name in params or name in OWNED:
             continue
-        rest = {k: v for k, v in defaults[name].items() if f"{name}.{k}" not in shown}
+        rest = {k: v for k, v in defaults[name].items()
+                if f"{name}.{k}" not in shown and owner_reason(f"{name}.{k}") is None}
         schema = _form_schema(schemas[name])
         schema["type"] = ["object", "null"]
         about = schema.pop("description")
@@ -179,28 +183,29 @@ def changed_leaves(value: Any, default: Any) -> Any:
     return _MISSING if value == default else value
 
 
-def check_conf(conf: dict[str, Any]) -> None:
-    """Refuse what the params cannot: unknown top-level keys (Airflow accepts any) and ``${VAR}``
-    references, which would read the worker's environment into the config and its logs."""
+def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
+    """Refuse what the params cannot: unknown top-level keys (Airflow accepts any) and a conf too large
+    or too deeply nested to be a run's settings. Values are taken as they are: ``${VAR}`` in a conf is
+    text, never read from the worker's environment (docs/security.md). ``extra_keys``: a DAG's own
+    keys beside the config's (taxiway_sweep's ``sweep``)."""
     expected = (f"expected config, set, a config section ({', '.join(SECTIONS)}) or a form field "
                 f"(section_field, e.g. {FIELD_KEYS[0]}, train_lr)")
-    errors = {str(k): "not a conf key" + suggest(str(k), CONF_KEYS) + f"; {expected}" for k in conf if k not in CONF_KEYS}
-
-    def walk(value: Any, where: str) -> None:
-        if isinstance(value, dict):
-            for key, sub in value.items():
-                walk(sub, f"{where}.{key}")
-        elif isinstance(value, list):
-            for i, sub in enumerate(value):
-                walk(sub, f"{where}[{i}]")
-        elif isinstance(value, str) and "${" in value:
-            errors[where] = "environment references (${...}) are not allowed in a trigger's conf"
-
-    for key in CONF_KEYS[1:]:
-        if key in conf:
-            walk(conf[key], key)
+    errors = {str(k)[:80]: "not a conf key" + suggest(str(k), CONF_KEYS) + f"; {expected}"
+              for k in conf if k not in CONF_KEYS + extra_keys}
+    if len(json.dumps(conf, default=str)) > MAX_CONF_BYTES:
+        errors["conf"] = f"larger than {MAX_CONF_BYTES // 1024} KiB as JSON"
+    if (deepest := max((_depth(v) for v in conf.values()), default=0)) > MAX_DEPTH:
+        errors["conf"] = f"nested {deepest} levels deep; at most {MAX_DEPTH}"
     if errors:
         raise ConfigError(errors, "conf")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:
@@ -221,8 +226,8 @@ def overrides_from_conf(conf: dict[str, Any]) -> dict[str, Any]:
             continue
         nested = out.get(f.section, {}).get(f.leaf, _MISSING)
         if nested is not _MISSING and nested != value:
-            errors[f.key] = (f"{value!r} contradicts {f.path} = {nested!r} in the conf's {f.section!r} section (both "
-                             f"differ from the form's default {defaults[f.section][f.leaf]!r}); send one of them")
+            errors[f.key] = (f"contradicts {f.path} in the conf's {f.section!r} section (both differ from the form's "
+                             "default and from each other); send one of them")
             continue
         out.setdefault(f.section, {})[f.leaf] = value
     if errors:

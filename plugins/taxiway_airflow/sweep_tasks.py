@@ -23,12 +23,14 @@ def resolve_sweep() -> dict[str, Any]:
     from pipelines import run_folder
     from pipelines.config import ConfigError
     from pipelines.sweep import points
+    from taxiway_airflow.params import check_conf
 
     ctx = get_current_context()
     conf = dict(ctx["dag_run"].conf or {})
     if "sweep" not in conf:
         raise ConfigError({"sweep": "missing; send a grid ({\"train.lr\": [0.001, 0.0003]}) or a list of points"},
                           "conf")
+    check_conf(conf, extra_keys=("sweep",))  # the whole conf's size, the sweep's too
     spec = conf.pop("sweep")
     cfg = conf_config(conf)
     chosen = points.members(cfg, spec)

@@ -36,15 +36,16 @@ def _field(cfg: Any, dotted: str) -> Any:
 def conf_config(conf: dict[str, Any]):
     """The run's config from its trigger's ``conf``: the config file the conf names (or the
     deployment's), the conf's sections and form fields (``params.overrides_from_conf``: what differs
-    from the form's defaults) and ``set`` overlaid; every data path checked against the data roots."""
-    from pipelines.config import load_config
+    from the form's defaults) and ``set`` overlaid as values, refused where only the deployment sets a
+    field; every data path checked against the data roots."""
+    from pipelines.config.load import load_triggered
     from pipelines.roots import DATA_FIELDS, Roots
     from taxiway_airflow.params import check_conf, default_config_path, overrides_from_conf
 
     roots = Roots.from_env()
     check_conf(conf)
     path = roots.config_file(conf.get("config") or default_config_path())
-    cfg = load_config(path, list(conf.get("set") or []), overrides_from_conf(conf), roots=roots)
+    cfg = load_triggered(path, overrides_from_conf(conf), list(conf.get("set") or []), roots)
     roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
     return cfg
 

@@ -1,0 +1,171 @@
+"""The trust boundary (docs/security.md): what a trigger may set, and what only the deployment may.
+
+Every attack here is one a person with only the right to trigger a DAG could send; each goes through
+the first task's real code path (``conf_config``: roots, conf checks, the file chain, the overlay, the
+RunConfig) or the sweep's (``points.members``). The live REST path is in tests/test_live_conf.py.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from conftest import TINY, deployment_config
+from pipelines.config import ConfigError, load_config
+from pipelines.errors import BadInput
+
+SECRET = "postgresql://airflow:S3cr3tPw@db/airflow"
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A credential in the worker's environment, as a deployment's would be."""
+    monkeypatch.setenv("SECRET_DB_URL", SECRET)
+    return SECRET
+
+
+def _config(conf: dict):
+    from taxiway_airflow.tasks import conf_config
+
+    return conf_config(conf)
+
+
+def _refused(conf: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        _config(conf)
+    text = str(err.value)
+    assert SECRET not in text and "S3cr3t" not in text
+    return text
+
+
+def test_a_trigger_cannot_choose_the_cluster_image_secrets_account_or_launcher(demo_data):
+    kube = {"require_digest": False, "image": "attacker.example/x:v1", "service_account": "taxiway-launcher",
+            "secret_env_from": ["taxiway-airflow-metadata"], "connection_id": "some_other_cluster",
+            "volume_claim": "someone-elses", "namespace": "kube-system"}
+    text = _refused({"compute": {"kubernetes": kube, "launcher": "kubernetes"}})
+    for key in [*kube.keys() - {"require_digest"}, "launcher"]:  # require_digest: false is the default: no change
+        prefix = "compute." if key == "launcher" else "compute.kubernetes."
+        assert f"{prefix}{key}: only the deployment sets this" in text, (key, text)
+    assert "attacker.example" not in text and "taxiway-airflow-metadata" not in text  # names, never values
+    text = _refused({"set": ["compute.kubernetes.image=attacker.example/x:v1", "compute={launcher: local}"]})
+    assert "compute.kubernetes.image: only the deployment sets this" in text
+    assert "compute: only the deployment sets this (it replaces compute.launcher" in text  # a whole section too
+
+
+def test_values_a_trigger_sends_are_never_read_from_the_environment(planted, demo_data, tmp_path, monkeypatch):
+    """Even where the deployment lets its users set a field, ``${VAR}`` in a trigger's value is text:
+    in a conf, behind a YAML escape in ``set``, and in a sweep point."""
+    from pipelines.sweep import points
+
+    allow = deployment_config(tmp_path, monkeypatch, "limits:\n  trigger_may_set: [compute.kubernetes.labels, "
+                                               "compute.kubernetes.env]\n")
+    for conf in ({"set": ['compute.kubernetes.labels={a: "\\x24{SECRET_DB_URL}"}']},
+                 {"compute": {"kubernetes": {"labels": {"a": "${SECRET_DB_URL}"}}}}):
+        text = _refused({"config": allow, **conf})
+        assert "compute.kubernetes.labels: Value error, a: label value must be" in text, text
+    cfg = _config({"config": allow, "compute": {"kubernetes": {"env": {"NCCL_SOCKET_IFNAME": "${SECRET_DB_URL}"}}}})
+    assert cfg.compute.kubernetes.env == {"NCCL_SOCKET_IFNAME": "${SECRET_DB_URL}"}
+    assert SECRET not in cfg.to_yaml()
+    with pytest.raises(ConfigError) as err:
+        points.members(cfg, [{"compute.kubernetes.labels": {"a": "${SECRET_DB_URL}"}}, {"train.lr": 0.01}])
+    assert "sweep[0].compute.kubernetes.labels" in str(err.value) and SECRET not in str(err.value)
+    with pytest.raises(ConfigError, match=r"sweep\[0\].compute.kubernetes.labels: only the deployment"):
+        points.members(_config({}), [{"compute.kubernetes.labels": {"a": "x"}}, {"train.lr": 0.01}])
+
+
+def test_only_the_gate_moves_champion_and_a_trigger_cannot_weaken_it(demo_data, tmp_path, monkeypatch):
+    text = _refused({"registry": {"challenger_alias": "champion", "model_name": "other"},
+                     "eval": {"confidence": 0.5, "max_batches": 1, "bootstrap_samples": 100, "baseline": "floor"}})
+    for key in ("registry.challenger_alias", "registry.model_name", "eval.confidence", "eval.max_batches",
+                "eval.bootstrap_samples", "eval.baseline"):
+        assert f"{key}: only the deployment sets this" in text, (key, text)
+    same = deployment_config(tmp_path, monkeypatch, "registry:\n  challenger_alias: Champion\n")
+    with pytest.raises(ConfigError, match="champion_alias and challenger_alias must differ"):
+        load_config(same)
+
+
+def test_limits_bound_a_run_and_a_trigger_cannot_raise_them(demo_data, tmp_path, monkeypatch):
+    assert "limits.nodes: only the deployment sets this" in _refused({"limits": {"nodes": 64}, "compute": {"nodes": 20}})
+    assert "compute.nodes (17) exceeds limits.nodes (16)" in _refused({"compute": {"nodes": 17}})
+    text = _refused({"train": {"steps": 2_000_000, "log_every": 1}, "model": {"n_layer": 512, "n_embd": 8192}})
+    assert "train.steps (2000000) exceeds limits.steps (1000000)" in text
+    assert "over limits.parameters" in text and "over limits.checkpoint_disk_gb" in text
+    assert "train.steps / train.log_every is over 1,000,000 lines" in text
+    small = deployment_config(tmp_path, monkeypatch, "limits:\n  sweep_members: 3\n")
+    from pipelines.sweep import points
+
+    with pytest.raises(ConfigError, match="4 member"):
+        points.members(_config({"config": small}), {"train.lr": [0.1, 0.2], "train.seed": [1, 2]})
+
+
+def test_a_sweeps_size_is_known_before_any_point_is_built():
+    """A 2.7 KB grid names 8 million points: refused from its lists' lengths, in bounded memory."""
+    from pipelines.sweep import points
+
+    grid = {f"train.k{i}": list(range(15)) for i in range(6)} | {"train.lr": [0.1] * 2}
+    tracemalloc.start()
+    with pytest.raises(ConfigError, match=r"22,781,250 member\(s\); a sweep has 2 to 16"):
+        points.members(load_config(TINY), grid)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("train.lr=&a 0.1", "anchors and aliases"),
+    ("model={a: &x [1, 2], b: *x}", "anchors and aliases"),
+    ("name=!!python/object/apply:os.system [id]", "tags"),
+    ("train.lr={", "not valid YAML"),
+    ("compute.nodes=" + "[" * 9 + "]" * 9, "nested deeper than 8"),
+    ("train.lr=" + "1" * 5000, "longer than 4096"),
+])
+def test_a_set_value_is_plain_bounded_yaml_and_a_bad_one_is_bad_input(demo_data, line, why):
+    with pytest.raises(BadInput) as err:
+        _config({"set": [line]})
+    assert isinstance(err.value, ConfigError) and why in str(err.value), str(err.value)
+
+
+def test_every_size_count_and_duration_in_the_schema_has_a_ceiling():
+    """Walks the RunConfig's JSON schema: numbers have a maximum, strings a length, lists and maps a size."""
+    from pipelines.config import RunConfig
+    from taxiway_airflow.params import _inline_refs
+
+    schema = RunConfig.model_json_schema()
+    unbounded: list[str] = []
+
+    def walk(node: dict, where: str) -> None:
+        for v in node.get("anyOf") or [node]:
+            kind = v.get("type")
+            if kind in ("integer", "number") and not {"maximum", "exclusiveMaximum"} & set(v):
+                unbounded.append(f"{where}: no maximum")
+            if kind == "string" and not {"maxLength", "enum", "const"} & set(v):
+                unbounded.append(f"{where}: no maxLength")
+            if kind == "array":
+                unbounded.extend([f"{where}: no maxItems"] if "maxItems" not in v else [])
+                walk(v.get("items", {}), f"{where}[]")
+            if kind == "object":
+                for key, sub in v.get("properties", {}).items():
+                    walk(sub, f"{where}.{key}".lstrip("."))
+                if "properties" not in v and "maxProperties" not in v:
+                    unbounded.append(f"{where}: no maxProperties")
+                if isinstance(v.get("additionalProperties"), dict):
+                    walk(v["additionalProperties"], f"{where}.*")
+
+    walk(_inline_refs(schema, schema["$defs"]), "")
+    assert not unbounded, unbounded
+
+
+def test_the_parameter_estimate_is_the_models_own_count():
+    from pipelines.config.limits import parameters
+    from trainer.model import GPT, GPTConfig
+
+    cfg = load_config(TINY, ["model.n_layer=3", "model.n_embd=48", "model.n_head=4"])
+    model = GPT(GPTConfig(vocab_size=cfg.tokenizer.vocab_size, **cfg.model.model_dump(exclude={"dropout"})))
+    assert parameters(cfg.model, cfg.tokenizer.vocab_size) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_deployment_may_allow_an_owned_field_explicitly(demo_data, tmp_path, monkeypatch):
+    allow = deployment_config(tmp_path, monkeypatch, "limits:\n  trigger_may_set: [eval.seed]\n")
+    assert _config({"config": allow, "eval": {"seed": 7}}).eval.seed == 7
+    assert "eval.confidence: only the deployment" in _refused({"config": allow, "eval": {"confidence": 0.9}})
