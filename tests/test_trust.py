@@ -169,3 +169,37 @@ def test_a_deployment_may_allow_an_owned_field_explicitly(demo_data, tmp_path, m
     allow = deployment_config(tmp_path, monkeypatch, "limits:\n  trigger_may_set: [eval.seed]\n")
     assert _config({"config": allow, "eval": {"seed": 7}}).eval.seed == 7
     assert "eval.confidence: only the deployment" in _refused({"config": allow, "eval": {"confidence": 0.9}})
+
+
+def test_the_security_docs_table_lists_every_field_with_its_owner():
+    """docs/security.md's table is the trust model users read: it must name every field of every
+    section, each in the column ``pipelines.config.trust`` puts it in."""
+    import re
+
+    from pydantic import BaseModel
+
+    from conftest import REPO
+    from pipelines.config import SECTIONS, RunConfig
+    from pipelines.config.trust import owner_reason
+
+    def leaves(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            out += leaves(sub, f"{prefix}{name}.") if isinstance(sub, type) and issubclass(sub, BaseModel) else [
+                f"{prefix}{name}"]
+        return out
+
+    text = (REPO / "docs" / "security.md").read_text()
+    rows = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \| (.*?) \|$", text, re.M)}
+    assert list(rows) == list(SECTIONS)
+    for section, (trigger, deployment) in rows.items():
+        ann = RunConfig.model_fields[section].annotation
+        fields = [section] if not (isinstance(ann, type) and issubclass(ann, BaseModel)) else [
+            f"{section}.{f}" for f in leaves(ann, "")]
+        named = {col: {f"{section}.{n}" if n != section else n for n in re.findall(r"`([\w.*]+)`", cell)}
+                 for col, cell in (("trigger", trigger), ("deployment", deployment))}
+        for path in fields:
+            col = "deployment" if owner_reason(path) else "trigger"
+            star = f"{path.rsplit('.', 1)[0]}.*"
+            assert path in named[col] or star in named[col], (path, col)
