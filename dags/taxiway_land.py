@@ -27,9 +27,10 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params={
-        "source": param(type="string", minLength=1, title="Folder to land",
+        "source": param(type="string", minLength=1, maxLength=4096, title="Folder to land",
                         description="A folder on the workers holding train/ (and optionally val/), inside the data roots"),
-        "batch_id": param(None, type=["null", "string"], title="Batch id",
+        "batch_id": param(None, type=["null", "string"], maxLength=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                          title="Batch id",
                           description="Letters, digits, '.', '_' or '-'; empty = this run's id"),
     },
     tags=["taxiway", "data", "refresh"],

@@ -209,3 +209,14 @@ def test_every_param_is_checked_as_draft_7_which_knows_all_its_keywords(served):
                 assert jsonschema.validators.validator_for(schema) is jsonschema.Draft7Validator, (holder, key)
                 jsonschema.Draft7Validator.check_schema(schema)
                 assert not _keywords(schema) & _NEWER_THAN_DRAFT7, (holder, key, _keywords(schema) & _NEWER_THAN_DRAFT7)
+
+
+def test_land_params_are_bounded_at_trigger_time(served):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    land = served["taxiway_land"]
+    _accepted(land, {"source": "/data/batch", "batch_id": "b-1"})
+    for conf, key in [({"source": "x" * 5000}, "source"), ({"source": "/d", "batch_id": "../x"}, "batch_id"),
+                      ({"source": "/d", "batch_id": "b" * 129}, "batch_id")]:
+        with pytest.raises(ParamValidationError, match=f"param {key}"):
+            _accepted(land, conf)
