@@ -8,7 +8,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements/constraints.txt /tmp/constraints.txt
-RUN pip install --no-cache-dir -c /tmp/constraints.txt mlflow==3.17.2 psycopg2-binary==2.9.13 \
+# mlflow[auth]: the basic-auth app (deploy/mlflow.yaml) needs Flask-WTF, which the constraints do not pin
+RUN pip install --no-cache-dir -c /tmp/constraints.txt "mlflow[auth]==3.17.2" flask-wtf==1.3.0 wtforms==3.3.2 \
+        psycopg2-binary==2.9.13 \
     && rm /tmp/constraints.txt \
     && useradd --uid 10002 --gid 0 --create-home --home-dir /home/mlflow --shell /usr/sbin/nologin mlflow
 

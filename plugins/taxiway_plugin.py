@@ -4,7 +4,8 @@ Airflow UI's navigation.
 Airflow imports this file in every component that loads plugins, so it imports nothing heavy: the
 FastAPI app (and with it the view's modules) is built on its first request, in the api-server only.
 The extra links on the train, evaluate and register tasks need no registration here: they are on
-the operators themselves (``taxiway_airflow.links``) and Airflow stores their URLs as XComs.
+the operators themselves (``taxiway_airflow.links``) and Airflow stores their URLs as XComs. The one
+listener sets MLflow's credentials in each task process from the ``mlflow_default`` connection.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
+
+from taxiway_airflow import mlflow_connection
 
 URL_PREFIX = "/taxiway"
 
@@ -32,6 +35,7 @@ class LazyApp:
 
 class TaxiwayPlugin(AirflowPlugin):
     name = "taxiway"
+    listeners = [mlflow_connection]
     fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Taxiway training runs"}]
     external_views = [
         {"name": "Training runs", "href": f"{URL_PREFIX}/runs", "destination": "nav", "url_route": "training-runs",

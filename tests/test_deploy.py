@@ -29,7 +29,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from test_k8s import RUN_ID, VERSIONS, FakeKube, _context, _first_event, _Store, fake_kube, k8s_run  # noqa: F401
+from test_k8s import RUN_ID, VERSIONS, FakeKube, _context, _first_event, _Store, fake_kube, k8s_run, kube_connection  # noqa: F401
 
 from conftest import REPO
 from pipelines.launch import k8s
@@ -179,11 +179,16 @@ def test_rbac_is_namespaced_bound_to_the_launcher_and_never_wildcard():
         assert v[component]["serviceAccount"] == {"create": False, "name": LAUNCHER_SA}, component
 
 
-def _k8s_config():
+TRAINER_IMAGE = "registry.example.com/taxiway-trainer@sha256:" + "0" * 64
+
+
+def _k8s_config(*sets: str):
+    """configs/kubernetes.yaml as a deployment loads it: the trainer image from its environment."""
     from pipelines.config import load_config
 
-    return load_config(REPO / "configs" / "kubernetes.yaml", [
-        "compute.kubernetes.image=registry.example.com/taxiway-trainer@sha256:" + "0" * 64])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TAXIWAY_TRAINER_IMAGE", TRAINER_IMAGE)
+        return load_config(REPO / "configs" / "kubernetes.yaml", list(sets))
 
 
 # --- no secret values anywhere ------------------------------------------------------------------------
@@ -380,6 +385,183 @@ def test_mlflow_server_is_pinned_non_root_probed_and_reads_its_store_from_a_secr
     # the server answers only for the names it is reached by
     hosts = env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].split(",")
     assert _mlflow_service_host() in hosts and f"{_mlflow_service_host()}:5000" in hosts
+
+
+# --- MLflow: authentication --------------------------------------------------------------------------
+
+def _mlflow_pod() -> dict[str, Any]:
+    (deployment,) = of_kind("Deployment")
+    return deployment["spec"]["template"]["spec"]
+
+
+def _mounted(container: dict[str, Any], path: str) -> str:
+    """The volume holding ``path`` in ``container``."""
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    return mount["name"]
+
+
+def _secret_ref(entry: dict[str, Any]) -> tuple[str, str]:
+    assert set(entry) == {"name", "valueFrom"} and set(entry["valueFrom"]) == {"secretKeyRef"}, entry
+    ref = entry["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def _auth_config_template() -> str:
+    (config_map,) = [c for c in of_kind("ConfigMap") if c["metadata"]["name"] == "mlflow-auth"]
+    return config_map["data"]["basic_auth.ini"]
+
+
+def _read_auth_config():
+    """MLflow's own ``read_auth_config``, loaded from its file: the ``mlflow.server.auth`` package
+    imports Flask-WTF (the server image's ``mlflow[auth]`` extra), which this venv does not install."""
+    import importlib.util
+
+    import mlflow
+
+    spec = importlib.util.spec_from_file_location("mlflow_auth_config",
+                                                  Path(mlflow.__file__).parent / "server" / "auth" / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_auth_config()
+
+
+def test_mlflow_runs_the_basic_auth_app_with_every_credential_from_a_secret():
+    pod = _mlflow_pod()
+    (server,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    assert server["args"] == ["--app-name", "basic-auth"]  # the image's entrypoint is `mlflow server`
+    assert init["image"] == server["image"]
+    server_env = {e["name"]: e for e in server["env"]}
+    init_env = {e["name"]: e for e in init["env"]}
+    assert _secret_ref(server_env["MLFLOW_AUTH_ADMIN_PASSWORD"]) == ("taxiway-mlflow-auth", "admin-password")
+    assert _secret_ref(server_env["MLFLOW_FLASK_SERVER_SECRET_KEY"]) == ("taxiway-mlflow-auth", "flask-secret-key")
+    assert _secret_ref(init_env["AUTH_DATABASE_URI"]) == ("taxiway-mlflow-auth", "database-uri")
+    # the init container writes the config file where the server reads it, on a memory volume of this pod
+    config_path = server_env["MLFLOW_AUTH_CONFIG_PATH"]["value"]
+    assert init_env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == config_path
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    shared = _mounted(server, config_path)
+    assert _mounted(init, config_path) == shared and volumes[shared]["emptyDir"]["medium"] == "Memory"
+    assert [m.get("readOnly") for m in server["volumeMounts"] if m["name"] == shared] == [True]
+    template = _mounted(init, init_env["AUTH_CONFIG_TEMPLATE"]["value"])
+    assert volumes[template]["configMap"]["name"] == "mlflow-auth"
+    for key in ("database_uri", "admin_password"):  # never in the ConfigMap: the Secret's
+        assert key not in _auth_config_template()
+
+
+def test_the_auth_config_the_init_container_writes_is_what_mlflow_reads(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """The init container's own script, run here on the ConfigMap's file and a database URI whose
+    URL-encoded password holds '%' (which MLflow's configparser would read as interpolation)."""
+    (init,) = _mlflow_pod()["initContainers"]
+    assert init["command"] == ["python", "-c"]
+    template, written = tmp_path / "template.ini", tmp_path / "run" / "basic_auth.ini"
+    template.write_text(_auth_config_template())
+    written.parent.mkdir()
+    database_uri = "postgresql+psycopg2://mlflow_auth:p%40ss%25word@db.example.com:5432/mlflow_auth"
+    subprocess.run([sys.executable, "-c", *init["args"]], check=True, env={
+        "AUTH_CONFIG_TEMPLATE": str(template), "MLFLOW_AUTH_CONFIG_PATH": str(written),
+        "AUTH_DATABASE_URI": database_uri})
+    assert written.stat().st_mode & 0o077 == 0  # readable by the server's user only
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(written))
+    monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "from-the-secret-at-start")
+    monkeypatch.delenv("MLFLOW_AUTH_ADMIN_USERNAME", raising=False)
+    config = _read_auth_config()
+    assert config.database_uri == database_uri
+    assert (config.admin_username, config.admin_password) == ("admin", "from-the-secret-at-start")
+    assert config.default_permission == "READ"
+    assert config.authorization_function == "mlflow.server.auth:authenticate_request_basic_auth"
+
+
+def test_airflow_gets_mlflows_login_as_a_connection_from_a_secret():
+    v = values()
+    for component in ("workers", "apiServer"):
+        env = {e["name"]: e for e in v[component]["env"]}
+        assert _secret_ref(env["AIRFLOW_CONN_MLFLOW_DEFAULT"]) == ("taxiway-mlflow-connection", "connection")
+    everywhere = [e["name"] for e in v["env"]] + [e["name"] for c in ("workers", "apiServer") for e in v[c]["env"]]
+    assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"} & set(everywhere)
+    from taxiway_airflow import mlflow_connection
+
+    assert mlflow_connection.CONNECTION_ID == "mlflow_default"
+
+
+# --- MLflow: who may reach it (NetworkPolicy) --------------------------------------------------------
+
+RELEASE = "airflow"  # docs/deploy.md: helm install airflow …
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) against a pod's labels."""
+    if set(selector) - {"matchLabels", "matchExpressions"}:
+        raise ValueError(selector)
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    tests = {"In": lambda key, vs: labels.get(key) in vs, "NotIn": lambda key, vs: labels.get(key) not in vs,
+             "Exists": lambda key, vs: key in labels, "DoesNotExist": lambda key, vs: key not in labels}
+    return all(tests[e["operator"]](e["key"], e.get("values", [])) for e in selector.get("matchExpressions", []))
+
+
+def chart_pod_labels(component: str, key: str) -> dict[str, str]:
+    """The labels the official chart gives a component's pods, from these values: tier, component and
+    release, then ``mustMerge .Values.<key>.labels .Values.labels`` (chart/templates/*/…-deployment.yaml)."""
+    v = values()
+    return {"tier": "airflow", "component": component, "release": RELEASE,
+            **v.get("labels", {}), **v.get(key, {}).get("labels", {})}
+
+
+def _mlflow_policy() -> dict[str, Any]:
+    (policy,) = of_kind("NetworkPolicy")
+    return policy
+
+
+def admitted(labels: dict[str, str]) -> bool:
+    """Whether the MLflow NetworkPolicy lets a pod of this namespace with ``labels`` in."""
+    spec = _mlflow_policy()["spec"]
+    return any("namespaceSelector" not in peer and "ipBlock" not in peer and selects(peer["podSelector"], labels)
+               for rule in spec["ingress"] for peer in rule["from"])
+
+
+def test_network_policy_guards_the_mlflow_server_port():
+    policy = _mlflow_policy()
+    (deployment,) = of_kind("Deployment")
+    assert selects(policy["spec"]["podSelector"], deployment["spec"]["template"]["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for rule in policy["spec"]["ingress"]:
+        assert rule["from"], "an empty from admits every pod"
+        assert {(p["protocol"], port_names.get(p["port"], p["port"])) for p in rule["ports"]} == {("TCP", 5000)}
+        assert all("ipBlock" not in peer and "namespaceSelector" not in peer for peer in rule["from"])
+
+
+def test_network_policy_admits_the_airflow_workers_and_api_server_only():
+    assert admitted(chart_pod_labels("worker", "workers"))
+    assert admitted(chart_pod_labels("api-server", "apiServer"))  # the "Training runs" view's MLflow lookups
+    for component, key in (("scheduler", "scheduler"), ("triggerer", "triggerer"), ("dag-processor", "dagProcessor")):
+        assert not admitted(chart_pod_labels(component, key)), component
+    # the selector can fail: the chart's labels alone are not enough
+    assert not admitted({"tier": "airflow", "component": "worker", "release": RELEASE})
+
+
+def test_network_policy_keeps_the_training_pods_out(kube_connection: str):  # noqa: F811
+    """The pods a training run really submits (``GangJob`` through the provider, from the rendered
+    spec): the trainer never talks to MLflow, and its config cannot give it the label that admits."""
+    from kubernetes.client import ApiClient
+
+    from taxiway_airflow.operators.kubernetes import GangJob
+
+    cfg = _k8s_config(f"compute.kubernetes.connection_id={kube_connection}")
+    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=["-m", "trainer", "--spec", "/taxiway/s"])
+    op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
+    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    job = ApiClient().sanitize_for_serialization(op.build_job_request_obj(None))
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels.items() >= gang.job["spec"]["template"]["metadata"]["labels"].items()
+    assert not admitted(pod_labels)
+    (peer,) = [peer for rule in _mlflow_policy()["spec"]["ingress"] for peer in rule["from"]]
+    for key, value in peer["podSelector"]["matchLabels"].items():
+        with pytest.raises(ValueError, match="reserved"):
+            _k8s_config(f"compute.kubernetes.labels={{'{key}': '{value}'}}")
 
 
 # --- images -----------------------------------------------------------------------------------------

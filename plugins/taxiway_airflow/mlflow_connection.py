@@ -1,0 +1,54 @@
+"""MLflow's address and credentials for a task process, from the Airflow connection ``mlflow_default``.
+
+The production tracking server requires a login (deploy/mlflow.yaml: ``--app-name basic-auth``).
+MLflow's client takes it from ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` only, and a
+plain env value would put the password in the Helm values and the pod spec. So the deployment gives
+it as a connection (type http; host = the tracking URI, or a host name with ``schema`` http/https and
+``port``; login/password = an MLflow user), from a Kubernetes Secret, and this step copies it into the
+environment of the one process that needs it, as each task starts (``on_task_instance_running``,
+registered by the Taxiway plugin). Airflow masks the connection's password in task logs; nothing
+here logs a value. No connection (the embedded default, a server without auth): nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from airflow.listeners import hookimpl
+
+log = logging.getLogger("taxiway")
+
+CONNECTION_ID = "mlflow_default"
+
+
+def tracking_uri(conn: Any) -> str:
+    """The connection's tracking URI: its host when that is a URL, else ``schema://host:port``."""
+    if "://" in conn.host:
+        return conn.host.rstrip("/")
+    return f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+
+
+def apply(conn_id: str = CONNECTION_ID) -> bool:
+    """Set MLflow's tracking env vars from the connection ``conn_id``; False (env untouched) when
+    there is none."""
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return False
+    given = {"MLFLOW_TRACKING_URI": tracking_uri(conn) if conn.host else None,
+             "MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password}
+    os.environ.update({name: value for name, value in given.items() if value})
+    log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id,
+             ", ".join(name for name, value in given.items() if value) or "none")
+    return True
+
+
+@hookimpl
+def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
+    """Before the task runs, in its own process: the task's MLflow client sees the connection."""
+    apply()
