@@ -478,6 +478,7 @@ def test_airflow_gets_mlflows_login_as_a_connection_from_a_secret():
     for component in ("workers", "apiServer"):
         env = {e["name"]: e for e in v[component]["env"]}
         assert _secret_ref(env["AIRFLOW_CONN_MLFLOW_DEFAULT"]) == ("taxiway-mlflow-connection", "connection")
+        assert env["TAXIWAY_MLFLOW_LOGIN_CONN_ID"]["value"] == "mlflow_default"
     everywhere = [e["name"] for e in v["env"]] + [e["name"] for c in ("workers", "apiServer") for e in v[c]["env"]]
     assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"} & set(everywhere)
     from taxiway_airflow import mlflow_connection

@@ -22,6 +22,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The step writes os.environ itself; monkeypatch puts back what each test started with."""
     for name in (*MLFLOW_ENV, "AIRFLOW_CONN_MLFLOW_DEFAULT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(mlflow_connection.CONNECTION_ENV, mlflow_connection.CONNECTION_ID)  # as deployed
 
 
 def give_connection(monkeypatch: pytest.MonkeyPatch, **fields: object) -> None:
@@ -74,6 +75,9 @@ def test_no_connection_leaves_the_environment_as_it_was(monkeypatch: pytest.Monk
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     task_starts()
     assert client_settings() == ("http://mlflow:5000", None, None)
+    give_connection(monkeypatch, host="http://elsewhere:5000")
+    monkeypatch.delenv(mlflow_connection.CONNECTION_ENV)  # a deployment that did not opt in: never looked up
+    assert mlflow_connection.apply() is False and client_settings() == ("http://mlflow:5000", None, None)
 
 
 def test_a_connection_without_host_only_logs_in(monkeypatch: pytest.MonkeyPatch):

@@ -7,7 +7,9 @@ it as a connection (type http; host = the tracking URI, or a host name with ``sc
 ``port``; login/password = an MLflow user), from a Kubernetes Secret, and this step copies it into the
 environment of the one process that needs it, as each task starts (``on_task_instance_running``,
 registered by the Taxiway plugin). Airflow masks the connection's password in task logs; nothing
-here logs a value. No connection (the embedded default, a server without auth): nothing changes.
+here logs a value. A deployment opts in by naming the connection in ``TAXIWAY_MLFLOW_LOGIN_CONN_ID``
+(deploy/airflow-values.yaml): without it (the embedded default, a server without auth) nothing is
+looked up, so no other DAG's task pays a connection lookup for it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from airflow.listeners import hookimpl
 
 log = logging.getLogger("taxiway")
 
-CONNECTION_ID = "mlflow_default"
+CONNECTION_ID = "mlflow_default"  # the name deploy/airflow-values.yaml gives it
+CONNECTION_ENV = "TAXIWAY_MLFLOW_LOGIN_CONN_ID"
 
 
 def tracking_uri(conn: Any) -> str:
@@ -30,12 +33,15 @@ def tracking_uri(conn: Any) -> str:
     return f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
 
 
-def apply(conn_id: str = CONNECTION_ID) -> bool:
-    """Set MLflow's tracking env vars from the connection ``conn_id``; False (env untouched) when
-    there is none."""
+def apply() -> bool:
+    """Set MLflow's tracking env vars from the connection named by ``TAXIWAY_MLFLOW_LOGIN_CONN_ID``;
+    False (env untouched) when none is named or it does not exist."""
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException
 
+    conn_id = os.environ.get(CONNECTION_ENV)
+    if not conn_id:
+        return False
     try:
         conn = Connection.get(conn_id)
     except AirflowNotFoundException:
