@@ -4,11 +4,14 @@ the ledger of batches a version was trained on, and what is new since the champi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import taxiway
+from conftest import REPO, taxiway
 from pipelines import manifest
 from pipelines.errors import BadInput
 from pipelines.refresh import landing
@@ -62,6 +65,7 @@ def test_landing_an_id_twice_is_refused_and_a_changed_manifest_is_caught(tmp_pat
     (lambda root: _source(root, docs=0, val=True), "needs a train/ folder"),
     (lambda root: ((root / "train").mkdir(parents=True), _source(root, docs=0, val=True)), "train/ holds no files"),
     (lambda root: (_source(root), (root / "notes.md").write_text("x")), "unexpected notes.md"),
+    (lambda root: (_source(root, val=False), (root / "val").write_text("x")), r"refused val \(a file, not a folder\)"),
 ])
 def test_a_source_that_is_no_batch_is_refused_naming_why(tmp_path: Path, make, message):
     make(tmp_path / "src")
@@ -255,3 +259,61 @@ def test_an_invalid_batch_is_reported_and_the_others_go_on(tmp_path: Path):
     Path(b1.manifest).write_text(Path(b1.manifest).read_text().replace("doc0", "doc9"))
     batches, invalid = landing.scan(zone)
     assert batches == [b2] and invalid[0][0] == "b1" and "b1/manifest.jsonl: changed after landing" in invalid[0][1]
+
+
+def test_links_and_special_files_are_refused_before_anything_is_copied(tmp_path: Path):
+    """A batch is regular files in real folders: a symlink (to a file, to a folder, or as train/
+    itself) or a fifo would have the lander read what the folder does not hold, such as the worker's
+    environment. Each one is named, by its name in the batch, and nothing lands."""
+    src = _source(tmp_path / "src")
+    elsewhere = _source(tmp_path / "elsewhere")
+    (src / "train" / "env.txt").symlink_to("/proc/self/environ")
+    (src / "train" / "sub").symlink_to(elsewhere / "train", target_is_directory=True)
+    os.mkfifo(src / "val" / "pipe.txt")
+    manifest.write(elsewhere / "manifest.jsonl", manifest.scan(elsewhere))
+    (src / "manifest.jsonl").symlink_to(elsewhere / "manifest.jsonl")
+    zone = tmp_path / "landing"
+    with pytest.raises(landing.LandingError) as err:
+        landing.land(src, zone, batch_id="b1")
+    assert all(f"{name} ({why})" in str(err.value) for name, why in
+               [("train/env.txt", "a symlink"), ("train/sub", "a symlink"), ("val/pipe.txt", "a fifo"),
+                ("manifest.jsonl", "a symlink")]), err.value
+    assert not zone.exists() or not any(zone.iterdir())
+    only_train = tmp_path / "linked"
+    only_train.mkdir()
+    (only_train / "train").symlink_to(elsewhere / "train", target_is_directory=True)
+    with pytest.raises(landing.LandingError, match=r"train \(a symlink\)"):
+        landing.land(only_train, zone, batch_id="b2")
+    secret = "TAXIWAY_TEST_SECRET=do-not-land"
+    (src / "train" / "sub").unlink()
+    (src / "val" / "pipe.txt").unlink()
+    (src / "manifest.jsonl").unlink()
+    proc = taxiway("land", str(src), "--landing", str(zone), "--batch-id", "b3", env={"TAXIWAY_TEST_SECRET": "do-not-land"})
+    assert proc.returncode == 2 and "train/env.txt (a symlink)" in proc.stderr, proc.stderr
+    assert secret not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    assert not zone.exists() or not any(zone.iterdir())
+
+
+_KILL_AT_MARKER = """
+import os, signal, sys
+from pipelines.refresh import landing
+
+def crash(event, args):  # the process dies (SIGKILL) as it opens the batch's completion marker to write it
+    if event == "open" and "_COMPLETE" in os.path.basename(str(args[0])) and args[1] not in ("r", "rb"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(crash)
+landing.land(sys.argv[1], sys.argv[2], batch_id="b1")
+"""
+
+
+def test_a_landing_killed_before_its_marker_leaves_the_id_free(tmp_path: Path):
+    """The marker is written inside the staging folder and the rename into place commits the batch:
+    a lander killed on its way leaves nothing under the batch's name, so the retry lands it."""
+    src, zone = _source(tmp_path / "src"), tmp_path / "landing"
+    crashed = subprocess.run([sys.executable, "-c", _KILL_AT_MARKER, str(src), str(zone)], cwd=REPO,
+                             capture_output=True, text=True)
+    assert crashed.returncode == -9, crashed.stderr
+    assert landing.complete_batches(zone) == []
+    batch = landing.land(src, zone, batch_id="b1")
+    assert landing.complete_batches(zone) == [batch] and batch.files == 4

@@ -4,8 +4,11 @@ A batch is a folder ``<landing>/<batch_id>/`` holding ``train/``, optionally ``v
 ``manifest.jsonl`` (paths relative to the batch, sha256 per file) and the completion marker
 ``_COMPLETE``, written last and atomically. A batch without its marker is still being copied and is
 never read; the marker records the manifest's sha256, so a manifest changed after landing is an
-error naming the batch, not silently different data. The landing zone is a local path or an fsspec
-URI (docs/refresh.md).
+error naming the batch, not silently different data. In a local zone the marker is written inside
+a hidden staging folder and one rename puts the batch in place, so a lander killed on its way never
+leaves its id taken. A batch is regular files in real folders: a symlink, fifo, socket or device
+would have the lander copy what the folder does not hold (``/proc/self/environ``), so each is named
+and nothing lands. The landing zone is a local path or an fsspec URI (docs/refresh.md).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from pipelines import manifest, storage
 from pipelines.errors import BadInput
@@ -29,6 +34,11 @@ MANIFEST = "manifest.jsonl"
 BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ASSET_NAME = "taxiway_landing"  # the landing zone as an Airflow asset (taxiway_refresh is scheduled on it)
 _MARKER_FIELDS = {"batch_id": str, "manifest_sha256": str, "files": int, "bytes": int, "landed_at": str}
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISDIR, "a folder"),
+          (stat.S_ISREG, "a file, not a folder"))  # what an entry is, where it may not be
+_SHOWN = 20       # refused entries named in one error at most
+_CHUNK = 1 << 20  # bytes per read while copying
 
 
 class LandingError(BadInput):
@@ -70,16 +80,15 @@ def check_batch_id(batch_id: str) -> str:
 def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> Batch:
     """Copy the folder ``src`` (``train/`` and optionally ``val/``) into the landing zone as a batch:
     files first, then the manifest, then the marker. An interrupted copy leaves no marker, so no
-    reader ever sees it; landing an id that exists is refused."""
+    reader ever sees it; a source holding links or special files, or an id that exists, is refused."""
     source = Path(src)
     if not (source / "train").is_dir():
         raise LandingError(f"{source}: a batch needs a train/ folder (and may have val/)")
     extra = sorted(p.name for p in source.iterdir() if p.name not in ("train", "val", MANIFEST))
     if extra:
         raise LandingError(f"{source}: unexpected {', '.join(extra)} (a batch holds train/, val/ and manifest.jsonl)")
-    files = {split: [Path(loc.path) for loc in storage.list_files(source / split)]
-             for split in ("train", "val") if (source / split).is_dir()}
-    if not files["train"]:
+    rels = _regular_files(source)
+    if not any(rel.parts[0] == "train" for rel in rels):
         raise LandingError(f"{source}: train/ holds no files")
     if batch_id is None:
         batch_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
@@ -91,46 +100,116 @@ def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> B
     if zone.fs.exists(target.path):
         raise LandingError(f"{target.uri()}: exists without its {MARKER} marker (an interrupted landing); "
                            "remove it or land under a new id")
-    rels = [f.relative_to(source.resolve()) for split in files.values() for f in split]
-    copy = _copy_local if zone.local else _copy_remote
-    entries = copy(source, target, rels)
-    text = manifest.render(entries)
-    if storage.read_bytes(target.join(MANIFEST)).decode() != text:
-        raise LandingError(f"{target.uri()}: another lander wrote batch {batch_id} meanwhile; land under a new id")
-    marker = {"batch_id": batch_id, "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
-              "files": len(entries), "bytes": sum(e.bytes for e in entries),
-              "landed_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
-    storage.write_text(target.join(MARKER), json.dumps(marker, indent=1) + "\n")
-    return _batch(target, marker)
+    put = _land_local if zone.local else _land_remote
+    return _batch(target, put(source.resolve(), target, rels, batch_id))
 
 
-def _copy_local(source: Path, target: storage.Location, rels: list[Path]) -> list[manifest.Entry]:
+def _regular_files(source: Path) -> list[Path]:
+    """The batch's files, relative to ``source``, in the order ``storage.list_files`` gives (the
+    manifest's bytes stay what they were); before anything is copied, every entry that is no regular
+    file in a real folder (``train/`` itself included) is named with what it is."""
+    files, refused = [], []
+    pending = [Path(split) for split in ("train", "val") if os.path.lexists(source / split)]
+    if os.path.lexists(source / MANIFEST) and not stat.S_ISREG(mode := os.lstat(source / MANIFEST).st_mode):
+        refused.append((Path(MANIFEST), mode))
+    while pending:
+        rel = pending.pop()
+        mode = os.lstat(source / rel).st_mode
+        if stat.S_ISDIR(mode):
+            pending += [rel / name for name in os.listdir(source / rel)]
+        elif stat.S_ISREG(mode) and len(rel.parts) > 1:
+            files.append(rel)
+        else:
+            refused.append((rel, mode))
+    if refused:
+        named = [f"{rel.as_posix()} ({_kind(mode)})" for rel, mode in sorted(refused)[:_SHOWN]]
+        more = f" and {len(refused) - _SHOWN} more" if len(refused) > _SHOWN else ""
+        raise LandingError(f"{source}: refused {', '.join(named)}{more}: a batch holds regular files in real folders "
+                           "(no symlinks, fifos, sockets or devices); nothing landed")
+    return sorted(files, key=Path.as_posix)
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "a special file")
+
+
+def _open_source(source: Path, rel: Path) -> BinaryIO:
+    """``source/rel`` opened without following a link at any level (each folder opened inside the
+    last): an entry swapped for a link after ``_regular_files`` looked cannot lead the copy out."""
+    folder = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in rel.parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        fd = os.open(rel.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError as exc:
+        raise LandingError(f"{source}: {rel.as_posix()} changed while landing ({exc.strerror})") from None
+    finally:
+        os.close(folder)
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise LandingError(f"{source}: {rel.as_posix()} changed while landing (no longer a regular file)")
+    return fh
+
+
+def _marker(batch_id: str, entries: list[manifest.Entry]) -> dict:
+    return {"batch_id": batch_id, "manifest_sha256": hashlib.sha256(manifest.render(entries).encode()).hexdigest(),
+            "files": len(entries), "bytes": sum(e.bytes for e in entries),
+            "landed_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+
+
+def _render(marker: dict) -> str:
+    return json.dumps(marker, indent=1) + "\n"
+
+
+def _land_local(source: Path, target: storage.Location, rels: list[Path], batch_id: str) -> dict:
     """Into a hidden staging folder: each file copied, synced and hashed as copied (the manifest
-    describes what landed, not what the source held a moment before), the manifest, then one
-    rename into place. A lander that lost a race for the id leaves the winner's folder untouched."""
+    describes what landed, not what the source held a moment before), the manifest, the marker, then
+    one rename into place, the commit: a lander killed before it leaves only its staging folder,
+    which is no batch, and the id free. A lander that lost a race for the id leaves the winner's
+    folder untouched."""
     with fsio.staged_dir(Path(target.path)) as staging:
         for rel in rels:
             dest = staging / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source / rel, dest)
-            with open(dest, "rb") as fh:
-                os.fsync(fh.fileno())
+            with _open_source(source, rel) as fh, open(dest, "wb") as out:
+                shutil.copyfileobj(fh, out, _CHUNK)
+                out.flush()
+                os.fsync(out.fileno())
         entries = _checked(source, [manifest.entry_for(staging, staging / rel, rel.parts[0]) for rel in rels])
         fsio.write_text(staging / MANIFEST, manifest.render(entries))
-    return entries
+        marker = _marker(batch_id, entries)
+        fsio.write_text(staging / MARKER, _render(marker))
+    try:
+        landed = storage.read_bytes(target.join(MARKER)).decode()
+    except (OSError, UnicodeDecodeError):
+        landed = None
+    if landed != _render(marker):
+        raise LandingError(f"{target.uri()}: another lander wrote batch {batch_id} meanwhile; land under a new id")
+    return marker
 
 
-def _copy_remote(source: Path, target: storage.Location, rels: list[Path]) -> list[manifest.Entry]:
+def _land_remote(source: Path, target: storage.Location, rels: list[Path], batch_id: str) -> dict:
     """Object stores have no folder rename: files go straight in, then the manifest; the marker,
     written last, is what makes the batch exist for readers. Two landers of one id are not
     serialised here (the default id is unique); the manifest read back before the marker catches
     most collisions."""
     for rel in rels:
-        target.fs.put_file(str(source / rel), target.join(rel.as_posix()).path)
+        dest = target.join(rel.as_posix()).path
+        target.fs.mkdirs(str(PurePosixPath(dest).parent), exist_ok=True)
+        with _open_source(source, rel) as fh, target.fs.open(dest, "wb") as out:
+            shutil.copyfileobj(fh, out, _CHUNK)
     entries = _checked(source, [manifest.Entry(rel.as_posix(), rel.parts[0], storage.size(loc), storage.sha256(loc))
                                 for rel in rels for loc in [target.join(rel.as_posix())]])
-    storage.write_text(target.join(MANIFEST), manifest.render(entries))
-    return entries
+    text = manifest.render(entries)
+    storage.write_text(target.join(MANIFEST), text)
+    if storage.read_bytes(target.join(MANIFEST)).decode() != text:
+        raise LandingError(f"{target.uri()}: another lander wrote batch {batch_id} meanwhile; land under a new id")
+    marker = _marker(batch_id, entries)
+    storage.write_text(target.join(MARKER), _render(marker))
+    return marker
 
 
 def _checked(source: Path, entries: list[manifest.Entry]) -> list[manifest.Entry]:
