@@ -3,17 +3,21 @@
 A trigger's conf is typed by anyone who may trigger the DAG, and the task reads what it names
 with the worker's rights. So a triggered run's config file and every file it ``extends:`` must
 lie inside a config root (the repo's ``configs/`` plus ``TAXIWAY_CONFIG_ROOTS``), and its data
-paths inside a data root (``TAXIWAY_DATA_ROOTS``, default ``TAXIWAY_HOME``). Paths are compared
-after symlinks and ``..`` are resolved, so neither leads out. The CLI reads any local path: its
-user already has the shell.
+paths inside a data root (``TAXIWAY_DATA_ROOTS``, default ``TAXIWAY_HOME``'s ``data/``,
+``demo-data/`` and ``landing/``, never its runs, cache, Airflow home or MLflow store). A data path
+may not hold a ``..`` segment; it is compared after symlinks are resolved, and so is every file a
+split's folder or glob expands to, so neither a link nor a glob leads out. The CLI reads any local
+path: its user already has the shell.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines import storage
 from pipelines.errors import BadInput
 from pipelines.run_folder import taxiway_home
 
@@ -21,6 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_ROOTS_ENV = "TAXIWAY_CONFIG_ROOTS"
 DATA_ROOTS_ENV = "TAXIWAY_DATA_ROOTS"
 DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path", "refresh.landing")
+SPLIT_FIELDS = ("data.train", "data.val")  # a folder or a glob: each file it expands to is checked
+DEFAULT_DATA = ("data", "demo-data", "landing")  # under TAXIWAY_HOME when TAXIWAY_DATA_ROOTS is unset
+_SHOWN = 10  # files named in one refusal at most
 
 
 class OutOfBounds(BadInput):
@@ -33,6 +40,11 @@ def _is_uri(path: str) -> bool:
 
 def _real(path: str | Path) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _fixed(pattern: str) -> str:
+    """A glob's part before its first wildcard."""
+    return pattern[:min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))]
 
 
 def _env_list(name: str) -> list[str]:
@@ -49,7 +61,7 @@ class Roots:
         default = os.environ.get("TAXIWAY_CONFIG")  # the deployment's own default config is trusted
         configs = (REPO / "configs", *(Path(p) for p in _env_list(CONFIG_ROOTS_ENV)),
                    *([Path(default).parent] if default else []))
-        data = _env_list(DATA_ROOTS_ENV) or [str(taxiway_home())]
+        data = _env_list(DATA_ROOTS_ENV) or [str(taxiway_home() / name) for name in DEFAULT_DATA]
         return cls(tuple(_real(p) for p in configs),
                    tuple(p.rstrip("/") if _is_uri(p) else str(_real(p)) for p in data))
 
@@ -84,17 +96,52 @@ class Roots:
 
     # data paths ---------------------------------------------------------------------------------
     def inside_data(self, path: str) -> bool:
+        """A URI by prefix; a local path (a glob by its fixed prefix) after symlinks are resolved."""
         if _is_uri(path):
             return any(_is_uri(r) and (path == r or path.startswith(r + "/")) and "/../" not in path + "/"
                        for r in self.data)
-        fixed = path[:min((path.find(c) for c in "*?[" if c in path), default=len(path))]
-        real = _real(fixed or ".")
+        return self._inside_local(_fixed(path) or ".") and self._inside_local(path)
+
+    def _inside_local(self, path: str) -> bool:
+        real = _real(path)
         return any(not _is_uri(r) and real.is_relative_to(r) for r in self.data)
 
     def check_data(self, values: dict[str, str | None]) -> None:
-        """Refuse every data field (dotted name → path) outside the data roots, naming each."""
-        bad = [f"{field}: {value!r} is outside the data roots ({', '.join(self.data)}; set {DATA_ROOTS_ENV})"
-               for field, value in values.items() if value and not self.inside_data(value)]
+        """Refuse every data field (dotted name → path) outside the data roots, naming each; a split's
+        files are checked one by one, so a trigger learns their names, never their contents."""
+        bad = []
+        for field, value in values.items():
+            if not value:
+                continue
+            if not _is_uri(value) and ".." in Path(value).parts:
+                bad.append(f"{field}: {value!r} has a '..' segment (name data by a path without one)")
+            elif not self.inside_data(value):
+                bad.append(f"{field}: {value!r} is outside the data roots ({self.describe_data()})")
+            elif field in SPLIT_FIELDS and not _is_uri(value):
+                bad += self._escaped_files(field, value)
         if bad:
             raise OutOfBounds("; ".join(bad))
 
+    def _escaped_files(self, field: str, spec: str) -> list[str]:
+        """The files of a split (folder or glob) whose real path leaves the data roots, by their names
+        below the folder the spec names (or its glob starts in)."""
+        try:
+            files = [loc.path for loc in storage.list_files(spec)]
+        except storage.StorageError as exc:
+            return [f"{field}: {exc}"]
+        folder_inside = functools.cache(self._inside_local)  # a plain file is where its folder is: one realpath a folder
+        out = [f for f in files if (os.path.islink(f) or not folder_inside(os.path.dirname(f)))
+               and not self._inside_local(f)]
+        if not out:
+            return []
+        listed = storage.locate(spec).path
+        base = listed if os.path.isdir(listed) else os.path.dirname(_fixed(listed))
+        names = [os.path.relpath(f, base) for f in out[:_SHOWN]]
+        more = f" and {len(out) - _SHOWN} more" if len(out) > _SHOWN else ""
+        return [f"{field}: {', '.join(names)}{more} in {spec!r} {'resolves' if len(out) == 1 else 'resolve'} "
+                f"outside the data roots ({self.describe_data()})"]
+
+    @staticmethod
+    def describe_data() -> str:
+        """Where the roots come from, not what they are: an error holds no value from the environment."""
+        return f"set by {DATA_ROOTS_ENV}; by default {', '.join(n + '/' for n in DEFAULT_DATA)} in TAXIWAY_HOME"

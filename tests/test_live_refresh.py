@@ -69,7 +69,7 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     # refresh it starts finds nothing new to train and skips after assemble (quick, and still a run)
     live.wait_dag("taxiway_land")
     live.unpause("taxiway_land")
-    src = source(live.taxiway_home / "incoming" / "b2", sorted((src / "train").iterdir())[:6])
+    src = source(live.taxiway_home / "data" / "incoming" / "b2", sorted((src / "train").iterdir())[:6])
     resp = live.trigger("taxiway_land", {"source": str(src), "batch_id": "b2"})
     assert resp.status_code == 200, resp.text
     assert live.wait_run("taxiway_land", resp.json()["dag_run_id"], timeout_s=120)["state"] == "success"

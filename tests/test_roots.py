@@ -58,11 +58,63 @@ def test_data_paths_only_under_the_data_roots(roots: Roots, tmp_path: Path):
     (data / "link").symlink_to("/etc")
     roots.check_data({"data.train": str(data / "train"), "data.val": str(data / "v*" / "*.txt"),
                       "data.manifest": "s3://bucket/corpus/manifest.jsonl", "tokenizer.path": None})
-    for field, value in [("data.train", "/etc"), ("data.val", str(data / ".." / "x")),
-                         ("data.manifest", str(data / "link" / "passwd")), ("data.train", "s3://bucket/other"),
-                         ("data.val", "s3://bucket/corpus/../other")]:
+    for field, value in [("data.train", "/etc"), ("data.manifest", str(data / "link" / "passwd")),
+                         ("data.train", "s3://bucket/other"), ("data.val", "s3://bucket/corpus/../other")]:
         with pytest.raises(OutOfBounds, match=f"{field}: .* is outside the data roots"):
             roots.check_data({field: value})
+    for field, value in [("data.val", str(data / ".." / "x")), ("data.train", f"{data}/tr[a]in/../../../../etc/pass*"),
+                         ("data.manifest", f"{data}/x[/../../shadow.yaml")]:
+        with pytest.raises(OutOfBounds, match=f"{field}: .* has a '..' segment"):
+            roots.check_data({field: value})
+
+
+def test_data_globs_and_folders_are_checked_file_by_file(roots: Roots, tmp_path: Path):
+    """A glob's fixed prefix may lie inside a root while what it matches does not: every file a
+    data field expands to is checked after symlinks are resolved, and named (never read)."""
+    data, outside = tmp_path / "data", _shadow(tmp_path / "passwd")
+    (data / "train").mkdir()
+    (data / "train" / "ok.txt").write_text("a document\n")
+    (data / "train" / "alias.txt").symlink_to(data / "train" / "ok.txt")  # a link that stays inside is fine
+    (data / "link").symlink_to(tmp_path)
+    roots.check_data({"data.train": str(data / "train"), "data.val": f"{data}/tr[a]in/*.txt"})
+    (data / "train" / "env.txt").symlink_to("/proc/self/environ")
+    (data / "train" / "shadow.txt").symlink_to(outside)
+    for field, value in [("data.train", str(data / "train")), ("data.val", f"{data}/tr[a]in/*.txt")]:
+        with pytest.raises(OutOfBounds) as err:
+            roots.check_data({field: value})
+        message = str(err.value)
+        assert message.startswith(f"{field}: ") and f" in {value!r} resolve outside the data roots" in message
+        assert "env.txt" in message and "shadow.txt" in message and "ok.txt" not in message
+        assert SECRET not in message and str(outside) not in message and str(tmp_path) not in message.split(" in ")[0]
+    with pytest.raises(OutOfBounds, match=r"data.val: link/passwd in '.*/l\[i\]nk/pass\*' resolves outside"):
+        roots.check_data({"data.val": f"{data}/l[i]nk/pass*"})
+
+
+def test_a_triggered_runs_data_is_checked_before_any_file_is_read(home: Path):
+    """The attack of issue 31: a glob whose prefix is a data root and whose ``..`` climbs out, with
+    unlisted files allowed so preflight would read them. The first task refuses it."""
+    from taxiway_airflow.tasks import conf_config
+
+    conf = {"data": {"train": f"{home}/tr[a]in/../../../../../../../../etc/pass*"}, "preflight": {"allow_unlisted": True}}
+    with pytest.raises(OutOfBounds, match=r"data.train: .* has a '..' segment"):
+        conf_config(conf)
+
+
+def test_the_default_data_roots_hold_data_not_the_deployments_state(home: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without TAXIWAY_DATA_ROOTS a trigger may read ``$TAXIWAY_HOME``'s data, demo-data and landing
+    folders, never MLflow's database and artifacts, Airflow's home, other runs or the cache; the demo
+    config (``make demo``) and the landing zone of the base config lie inside."""
+    monkeypatch.delenv("TAXIWAY_DATA_ROOTS")
+    for name in ("mlflow.db", "mlartifacts/0/x", "airflow/airflow.cfg", "runs/other/config.yaml", "cache/packed"):
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text("x")
+    roots = Roots.from_env()
+    for name in ("mlflow.db", "mlartifacts", "airflow", "runs/other", "cache", ""):
+        with pytest.raises(OutOfBounds, match="is outside the data roots"):
+            roots.check_data({"data.manifest": str(home / name)})
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    roots.check_data({f: str(getattr(cfg.data, f.split(".")[1])) for f in ("data.train", "data.val", "data.manifest")}
+                     | {"refresh.landing": cfg.refresh.landing, "source": str(home / "data" / "incoming")})
 
 
 @pytest.mark.parametrize("content", [
