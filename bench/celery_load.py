@@ -72,12 +72,12 @@ def _latencies(live: LiveAirflow, run_ids: list[str]) -> dict[str, dict[str, flo
 
 def _packed_checks(home: Path, run_ids: list[str]) -> dict:
     """Every run's packed dataset, its files against the manifest's sha256s, and the tokenize hits."""
-    from pipelines.run_folder import safe_run_id
+    from pipelines.run_folder import run_dir as run_folder_of
     from trainer import fsio
 
     folders, hits, intact = set(), [], True
     for run_id in run_ids:
-        run_dir = home / "runs" / safe_run_id(run_id)
+        run_dir = run_folder_of(DAG, run_id, home)
         pointer = json.loads((run_dir / "tokenize" / "packed.json").read_text())
         folders.add(pointer["path"])
         hits.append(bool(pointer.get("cache_hit")))

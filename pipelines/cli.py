@@ -42,7 +42,7 @@ def _setup(config: Path, overrides: list[str] | None, run_dir: Path | None) -> t
     from pipelines import stages
 
     cfg = load_config(config, overrides or [])
-    folder = (run_dir or run_folder.run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
+    folder = (run_dir or run_folder.named_run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
     stages.prepare(cfg, folder)
     return cfg, folder
 
@@ -193,7 +193,7 @@ def summary(run_dir: Annotated[Path | None, typer.Argument(help="Run folder (def
     from pipelines import stages
 
     if run_dir is None:
-        done = sorted((f for d in run_folder.runs_root().glob("*") if (f := RunFolder(d)).registry_record.exists()),
+        done = sorted((f for f in run_folder.run_folders() if f.registry_record.exists()),
                       key=lambda f: f.registry_record.stat().st_mtime)
         if not done:
             raise _fail(f"no registered run under {run_folder.runs_root()}", EXIT_INPUT)
@@ -242,7 +242,7 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
 
     cfg = load_config(config, [*(set or []), *([f"compute.nodes={nodes}"] if nodes else [])])
     run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
-    pod_run_dir = run_folder.run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
+    pod_run_dir = run_folder.named_run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
     command = launch_spec(cfg, pod_run_dir, RunFolder(pod_run_dir).trainer_spec).trainer_args()
     typer.echo(k8s.to_yaml(k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)), nl=False)
 

@@ -37,6 +37,7 @@ Trainer states are the trainer's own contract (``trainer.status.State``), re-exp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -49,13 +50,13 @@ from typing import Any
 from trainer.paths import TrainerPaths
 from trainer.status import DONE, State
 
-__all__ = ["DONE", "Cache", "RunFolder", "State", "cache_dir", "mlflow_artifact_root", "mlflow_tracking_uri",
-           "run_dir", "runs_root", "safe_run_id", "taxiway_home"]
+__all__ = ["DONE", "Cache", "RunFolder", "State", "cache_dir", "folder_name", "mlflow_artifact_root", "mlflow_tracking_uri",
+           "named_run_dir", "run_dir", "run_folders", "runs_root", "safe_name", "taxiway_home"]
 
 
 @dataclass(frozen=True)
 class RunFolder:
-    """``<TAXIWAY_HOME>/runs/<run id>/`` (or any folder a CLI user names)."""
+    """``<TAXIWAY_HOME>/runs/<dag id>/<run id>-<hash>/`` (``run_dir``), or any folder a CLI user names."""
 
     root: Path
 
@@ -331,17 +332,28 @@ class Cache:
 
 
 # TAXIWAY_HOME ------------------------------------------------------------------------------------
-# <home>/runs/<run id>/, <home>/cache/, <home>/mlflow.db, <home>/mlartifacts/ (and, for `make`,
-# <home>/airflow/ and <home>/demo-data/)
+# <home>/runs/<dag id>/<run id>-<hash>/ (the CLI's: runs/<name>/), <home>/cache/, <home>/mlflow.db,
+# <home>/mlartifacts/ (and, for `make`, <home>/airflow/ and <home>/demo-data/)
 
 def taxiway_home() -> Path:
     """``$TAXIWAY_HOME``, default ``./.taxiway``, always absolute (workers may change cwd)."""
     return Path(os.environ.get("TAXIWAY_HOME", ".taxiway")).expanduser().resolve()
 
 
-def safe_run_id(run_id: str) -> str:
-    """A run id usable as a folder name (Airflow ids carry ``:`` and ``+``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._") or "run"
+def safe_name(text: str, limit: int = 80) -> str:
+    """``text`` as a readable folder name (Airflow ids carry ``:`` and ``+``): at most ``limit``
+    characters of ``[A-Za-z0-9._-]``, never hidden. Many texts share one: never a folder's identity alone."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit].strip("._") or "run"
+
+
+def folder_name(dag_id: str, run_id: str) -> str:
+    """The run's folder relative to the runs root: ``<dag id>/<run id>-<hash of both>``. The DAG id
+    and the hash keep two runs apart (``x:1`` and ``x_1`` read the same once made safe, and DAGs share
+    run ids): the local gang and its cancel are keyed by the folder, so a shared one lets one run stop
+    another's gang. The hash is 64 bits of sha256 over the exact pair: to share a run's folder, another
+    pair would need a sha256 second preimage."""
+    digest = hashlib.sha256(json.dumps([dag_id, run_id]).encode()).hexdigest()[:16]
+    return f"{safe_name(dag_id)}/{safe_name(run_id)}-{digest}"
 
 
 def runs_root(home: Path | PurePosixPath | None = None) -> Path:
@@ -349,8 +361,22 @@ def runs_root(home: Path | PurePosixPath | None = None) -> Path:
     return Path(home if home is not None else taxiway_home()) / "runs"
 
 
-def run_dir(run_id: str, home: Path | PurePosixPath | None = None) -> Path:
-    return runs_root(home) / safe_run_id(run_id)
+def run_dir(dag_id: str, run_id: str, home: Path | PurePosixPath | None = None) -> Path:
+    """The folder of the Airflow run ``run_id`` of ``dag_id``: every task and the runs view compute it."""
+    return runs_root(home) / folder_name(dag_id, run_id)
+
+
+def named_run_dir(name: str, home: Path | PurePosixPath | None = None) -> Path:
+    """A run folder the CLI names itself (``<config name>-<config sha256[:12]>``, or ``--run-id``)."""
+    return runs_root(home) / safe_name(name, limit=200)
+
+
+def run_folders(home: Path | None = None) -> list[RunFolder]:
+    """Every run folder under the runs root: the CLI's (``runs/<name>/``) and Airflow runs'
+    (``runs/<dag id>/<run>/``), told apart by the config every prepared run folder holds."""
+    root = runs_root(home)
+    config = RunFolder(root).config.name
+    return [RunFolder(c.parent) for c in (*root.glob(f"*/{config}"), *root.glob(f"*/*/{config}"))]
 
 
 def cache_dir() -> Path:

@@ -35,7 +35,7 @@ def _tries(dr) -> dict[str, int]:
 def _run_dir(dr) -> Path:
     from pipelines.run_folder import run_dir
 
-    return run_dir(dr.run_id)
+    return run_dir(dr.dag_id, dr.run_id)
 
 
 def _gate(dr) -> tuple[dict, dict]:

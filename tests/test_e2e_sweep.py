@@ -44,7 +44,7 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
     assert all(t.map_index == -1 for t in tis if t.task_id.startswith(("preflight.", "tokenize."))
                and t.task_id not in ("preflight.scan", "tokenize.shard"))  # mapped over shards, not members
 
-    folder = RunFolder(run_dir(dr.run_id))
+    folder = RunFolder(run_dir(dr.dag_id, dr.run_id))
     ranking = json.loads(folder.sweep_ranking.read_text())
     rows, failed = ranking["members"][:2], ranking["members"][2]
     bpb = {r["member"]: json.loads(RunFolder(folder.sweep_member(int(r["member"]))).eval_report.read_text())

@@ -26,12 +26,12 @@ def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, h
     dr, victim = tampered_run(dag, home, tmp_path, monkeypatch)
     assert str(dr.state) == "failed"
 
-    summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
+    summary = json.loads(RunFolder(run_dir(dr.dag_id, dr.run_id)).failure_summary.read_text())
     assert summary["run_id"] == dr.run_id and summary["stage"] == "preflight", summary
     assert summary["task_id"] == "preflight.gate" and summary["kind"] == "check failed"
     assert f"val/{victim}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
     assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
-    assert summary["run_folder"] == str(run_dir(dr.run_id))
+    assert summary["run_folder"] == str(run_dir(dr.dag_id, dr.run_id))
 
     note = run_note("taxiway_train", dr.run_id)
     assert note and note.startswith("**Failed at preflight**") and f"val/{victim}" in note, note
@@ -90,7 +90,7 @@ def test_a_conf_typo_is_summarized_although_the_run_folder_was_never_made(dag):
 
     dr = dag.test(run_conf={"trian": {"lr": 0.1}})
     assert str(dr.state) == "failed"
-    summary = json.loads(RunFolder(run_dir(dr.run_id)).failure_summary.read_text())
+    summary = json.loads(RunFolder(run_dir(dr.dag_id, dr.run_id)).failure_summary.read_text())
     assert (summary["stage"], summary["kind"]) == ("resolve_config", "bad input"), summary
     assert summary["reason"].startswith("invalid conf: trian: not a conf key (did you mean 'train'?)"), summary["reason"]
     assert summary["next"] == "fix the conf or config field named above and trigger a new run"
@@ -161,7 +161,7 @@ def test_a_runs_summary_is_its_first_failure_until_a_clear_starts_its_next_try(h
         ti = SimpleNamespace(task_id=task_id, dag_id="taxiway_train", map_index=-1, try_number=1)
         failure_summary.task_failed({"ti": ti, "run_id": run_id, "exception": exc,
                                      "dag_run": SimpleNamespace(clear_number=clear_number)})
-        return json.loads(RunFolder(run_dir(run_id)).failure_summary.read_text())
+        return json.loads(RunFolder(run_dir("taxiway_train", run_id)).failure_summary.read_text())
 
     assert fail("preflight.gate", CheckFailed("preflight FAILED"), 0)["task_id"] == "preflight.gate"
     kept = fail("tokenize.shard", BadInput("val/a.txt: content differs from the manifest"), 0)

@@ -243,12 +243,12 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
     from airflow.dag_processing.dagbag import DagBag
     from safetensors.torch import load_file
 
-    from pipelines import stages
+    from pipelines import run_folder, stages
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
     overrides = {"train": {"steps": 300, "deterministic": True}, "checkpoint": {"every_steps": 10},
                  "compute": {"stall_timeout_s": 6, "startup_timeout_s": 120, "cancel_grace_s": 5}}
-    before = {p.name for p in (home / "runs").iterdir()} if (home / "runs").exists() else set()
+    before = set((home / "runs").glob("*/*"))  # run folders: runs/<dag id>/<run>
     record: dict = {}
     watcher = None
 
@@ -256,7 +256,7 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
         nonlocal watcher
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            new = [p for p in (home / "runs").glob("*") if p.name not in before] if (home / "runs").exists() else []
+            new = [p for p in (home / "runs").glob("*/*") if p not in before]
             if new:
                 watcher = threading.Thread(target=_kill_then_stop, args=(new[0], record), daemon=True)
                 watcher.start()
@@ -268,7 +268,7 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
     dr = dag.test(run_conf={"config": str(TINY), **overrides})
     states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
     assert str(dr.state) == "success", states
-    run_dir = next(p for p in (home / "runs").iterdir() if p.name not in before)
+    run_dir = run_folder.run_dir(dr.dag_id, dr.run_id)
     assert "killed_at_step" in record and "stopped_at_step" in record, record
 
     gang = local.Handle.load(local.handle_path(run_dir))

@@ -25,7 +25,7 @@ from live_training import gang_handle, new_gang, stepping, task_process
 from trainer_corpus import gang_pids
 
 from pipelines.launch import local
-from pipelines.run_folder import safe_run_id
+from pipelines.run_folder import run_dir
 from trainer import checkpoint
 
 DAG = "taxiway_train"
@@ -41,7 +41,7 @@ class Scenario:
 
     def __init__(self, live, run_id: str) -> None:
         self.live, self.run_id = live, run_id
-        self.run_dir = live.taxiway_home / "runs" / safe_run_id(run_id)
+        self.run_dir = run_dir(DAG, run_id, live.taxiway_home)
         self.gang_id: str | None = None
 
     def ti(self) -> dict:

@@ -22,7 +22,7 @@ from postgres import fresh_db, pg_uri
 from trainer_corpus import gang_pids
 
 from conftest import TINY, taxiway
-from pipelines.run_folder import safe_run_id
+from pipelines.run_folder import run_dir as run_folder_of
 
 pytestmark = pytest.mark.live
 DAG = "taxiway_train"
@@ -89,7 +89,7 @@ def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(dep
     no process of any gang left."""
     live = deployment
     run_id = _trigger(live, {"train": {"steps": STEPS}, "checkpoint": {"every_steps": 10}})
-    run_dir = live.taxiway_home / "runs" / safe_run_id(run_id)
+    run_dir = run_folder_of(DAG, run_id, live.taxiway_home)
 
     def explain() -> str:
         return json.dumps(live.task_instances(DAG, run_id).get("train.gang", {}), default=str)[:2000]

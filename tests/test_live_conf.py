@@ -102,7 +102,7 @@ def test_form_fields_and_sections_sent_together_make_one_config(live_airflow):
              .get("state") in ("success", "failed"), 120, every_s=1)
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"}).raise_for_status()
     assert live.task_instance(DAG, run_id, "resolve_config")["state"] == "success", _log(live, run_id, "resolve_config")
-    cfg = yaml.safe_load((run_dir(run_id, live.taxiway_home) / "config.yaml").read_text())
+    cfg = yaml.safe_load((run_dir(DAG, run_id, live.taxiway_home) / "config.yaml").read_text())
     assert (cfg["train"]["steps"], cfg["model"]["n_layer"], cfg["train"]["grad_clip"]) == (7, 1, 0.5)
 
 

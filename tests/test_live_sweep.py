@@ -38,7 +38,7 @@ def test_a_sweep_over_rest_trains_its_members_side_by_side_and_registers_the_bes
     (a0, a1), (b0, b1) = map(_span, gangs)
     assert max(a0, b0) < min(a1, b1), f"the two members' gangs did not overlap: {a0, a1} and {b0, b1}"
 
-    folder = RunFolder(run_dir(run_id, live.taxiway_home))
+    folder = RunFolder(run_dir(DAG, run_id, live.taxiway_home))
     ranking = json.loads(folder.sweep_ranking.read_text())
     assert [m["state"] for m in ranking["members"]] == ["evaluated", "evaluated"], ranking
     registered = json.loads(folder.registry_record.read_text())

@@ -51,7 +51,7 @@ def _states(dr) -> dict[str, str]:
 def _plan(dr) -> dict:
     from pipelines.run_folder import run_dir
 
-    return json.loads((run_dir(dr.run_id) / "refresh" / "plan.json").read_text())
+    return json.loads((run_dir(dr.dag_id, dr.run_id) / "refresh" / "plan.json").read_text())
 
 
 def _skipped(dr) -> None:
@@ -79,7 +79,7 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     before = set(tokens.iterdir())
     dr = refresh_dag.test()
     assert str(dr.state) == "success", _states(dr)
-    folder = run_dir(dr.run_id)
+    folder = run_dir(dr.dag_id, dr.run_id)
     report = json.loads((folder / "eval" / "report.json").read_text())
     assert report["passed"], report["reason"]
     assert {"fixed", "fresh"} <= report["refresh"].keys()

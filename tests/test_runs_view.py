@@ -53,7 +53,7 @@ def test_the_runs_view_shows_a_real_run_behind_airflows_auth(dag, api, home: Pat
     client, token = api
     monkeypatch.setenv("TAXIWAY_MLFLOW_UI_URL", "https://mlflow.example.org/")
     dr, victim = tampered_run(dag, home, tmp_path, monkeypatch)
-    folder = run_dir(dr.run_id)
+    folder = run_dir(dr.dag_id, dr.run_id)
     _training_files(folder)
 
     assert client.get("/taxiway/runs").status_code == 401
@@ -105,7 +105,7 @@ def test_a_link_is_disabled_until_the_run_folder_holds_its_target(home: Path):
 
     key = TaskInstanceKey("taxiway_train", "evaluate.score", "manual__2026-12-01T10:00:00+00:00")
     assert EvalReportLink().get_link(None, ti_key=key) == ""
-    report = RunFolder(run_dir(key.run_id)).eval_report
+    report = RunFolder(run_dir(key.dag_id, key.run_id)).eval_report
     report.parent.mkdir(parents=True)
     report.write_text("{}")
     assert EvalReportLink().get_link(None, ti_key=key) == (
@@ -133,7 +133,7 @@ def test_the_mlflow_run_is_found_by_its_airflow_run_before_registration(airflow_
 
     monkeypatch.delenv("TAXIWAY_MLFLOW_UI_URL", raising=False)
     run_key = "manual__2026-12-01T11:00:00+00:00"
-    folder = run_dir(run_key)
+    folder = run_dir("taxiway_train", run_key)
     cfg = load_config(TINY)
     stages.prepare(cfg, folder)
     assert mlflow_ui.run_url(run_key, folder) is None

@@ -140,7 +140,8 @@ def summarize(context: dict[str, Any], reason: str | None = None) -> FailureSumm
     text = one_line(reason if reason is not None else (str(exc) or type(exc).__name__) if exc else "failed")
     index = getattr(ti, "map_index", -1)
     member = f"{index:02d}" if task_id.startswith(SWEEP_MEMBER) and index is not None and index >= 0 else None
-    folder = str(RunFolder(run_dir(run_id)).sweep_member(index) if member else run_dir(run_id))
+    run = run_dir(ti.dag_id, run_id)
+    folder = str(RunFolder(run).sweep_member(index) if member else run)
     return FailureSummary(dag_id=ti.dag_id, run_id=run_id, task_id=task_id, stage=task_id.split(".", 1)[0],
                           kind=kind, reason=text,
                           next=advice(task_id.split(".", 1)[0], task_id, kind, text, folder, ti.try_number),
@@ -191,7 +192,7 @@ def dag_failed(context: dict[str, Any]) -> None:
     """``on_failure_callback`` of the DAG: keep the summary a task of this run wrote, else write one."""
     from pipelines.run_folder import run_dir
 
-    folder = run_dir(context["run_id"])
+    folder = run_dir(context["dag"].dag_id, context["run_id"])
     deadline = time.monotonic() + TASK_SUMMARY_WAIT_S
     while True:  # the failed task's callback may still be writing: the run's state reaches us first
         if earlier := earlier_summary(folder, context["run_id"], _clear_number(context)):

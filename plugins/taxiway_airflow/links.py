@@ -49,7 +49,7 @@ class _RunFolderLink(BaseOperatorLink):
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         from pipelines.run_folder import RunFolder, run_dir
 
-        if not getattr(RunFolder(run_dir(ti_key.run_id)), self.needs).exists():
+        if not getattr(RunFolder(run_dir(ti_key.dag_id, ti_key.run_id)), self.needs).exists():
             return ""
         return go_url(self.target, ti_key.dag_id, ti_key.run_id)
 

@@ -34,7 +34,7 @@ def resolve_sweep() -> dict[str, Any]:
     spec = conf.pop("sweep")
     cfg = conf_config(conf)
     chosen = points.members(cfg, spec)
-    run_dir = run_folder.run_dir(ctx["run_id"])
+    run_dir = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])
     out = prepared(cfg, run_dir)
     points.write(run_dir, chosen)
     for m in chosen:
@@ -62,7 +62,8 @@ def rank() -> dict[str, Any]:
     from pipelines import run_folder
     from pipelines.sweep import ranking
 
-    result = ranking.rank(run_folder.run_dir(get_current_context()["run_id"]))
+    ctx = get_current_context()
+    result = ranking.rank(run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"]))
     log.info("%s", ranking.summary(result))
     return {"best": result["best"], "members": len(result["members"]),
             "failed": [r["member"] for r in result["members"] if r["state"] != "evaluated"]}

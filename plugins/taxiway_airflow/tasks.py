@@ -69,7 +69,7 @@ def resolve_config() -> dict[str, Any]:
 
     ctx = get_current_context()
     conf = ctx["dag_run"].conf or {}  # exactly what the trigger sent; params also hold form defaults
-    return prepared(conf_config(conf), run_folder.run_dir(ctx["run_id"]))
+    return prepared(conf_config(conf), run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"]))
 
 
 @task.short_circuit(**TASK)
@@ -82,7 +82,7 @@ def refresh_plan() -> dict[str, Any] | None:
     from pipelines.refresh import plan
 
     ctx = get_current_context()
-    run_dir = run_folder.run_dir(ctx["run_id"])
+    run_dir = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])
     decision = plan.decide(conf_config(ctx["dag_run"].conf or {}), run_dir, ctx["run_id"])
     log.info("%s", decision.reason)
     return None if decision.config is None else prepared(decision.config, run_dir)

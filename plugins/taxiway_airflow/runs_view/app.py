@@ -88,14 +88,14 @@ def _airflow_runs(dag_ids: tuple[str, ...], run_id: str | None = None) -> list[t
         return [(r.dag_id, r.run_id, str(r.state), r.start_date, r.note) for r in runs]
 
 
-def _folder(run_id: str) -> Path:
+def _folder(dag_id: str, run_id: str) -> Path:
     from pipelines.run_folder import run_dir
 
-    return run_dir(run_id)
+    return run_dir(dag_id, run_id)
 
 
 def _rows(dag_ids: tuple[str, ...], run_id: str | None = None, with_events: bool = False) -> list[render.RunRow]:
-    return [render.RunRow(dag, run, state, started, note, run_files.read(_folder(run), with_events))
+    return [render.RunRow(dag, run, state, started, note, run_files.read(_folder(dag, run), with_events))
             for dag, run, state, started, note in _airflow_runs(dag_ids, run_id)]
 
 
@@ -157,7 +157,7 @@ def create_app() -> FastAPI:
     async def go(request: Request, target: str, dag_id: str, run_id: str) -> Any:
         row = await _one(dag_id, run_id)
         if target == "mlflow-run":
-            found = await off_loop(("mlflow-run", run_id), lambda: mlflow_ui.run_url(run_id, row.files.folder))
+            found = await off_loop(("mlflow-run", dag_id, run_id), lambda: mlflow_ui.run_url(run_id, row.files.folder))
             if not found:
                 return HTMLResponse(render.message("No MLflow run yet", f"{run_id} has not logged to MLflow yet "
                                                    "(training ships metrics once the gang runs)."), 404)
@@ -166,7 +166,7 @@ def create_app() -> FastAPI:
             reg = row.files.registry
             if not reg.get("version"):
                 return HTMLResponse(render.message("No model version", f"{run_id} registered no model (yet)."), 404)
-            url = await off_loop(("model-version", run_id), lambda: mlflow_ui.model_version_url(
+            url = await off_loop(("model-version", dag_id, run_id), lambda: mlflow_ui.model_version_url(
                 str(reg["model_name"]), str(reg["version"])))
             return RedirectResponse(url)
         if target == "eval-report":
