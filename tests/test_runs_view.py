@@ -6,6 +6,7 @@ evaluate and register tasks as Airflow serializes them. (``test_live_ui.py`` che
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,38 @@ def test_a_slow_read_answers_503_in_bounded_time_and_fills_the_cache_for_the_nex
     assert refused.value.status_code == 503 and time.monotonic() - started < 0.5
     time.sleep(0.6)
     assert asyncio.run(app.off_loop(("slow-folder", 1), lambda: "computed again")) == "read"
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read so far, whatever it read them with (Linux's ``rchar``)."""
+    return int(re.search(r"rchar: (\d+)", Path("/proc/self/io").read_text())[1])
+
+
+def test_a_long_runs_curve_and_history_are_read_within_a_bound_whatever_the_files_size(tmp_path: Path):
+    """A long run's metrics.jsonl passes 40 MB (read whole: 2.7 s and 450 MB per row, every few seconds):
+    the view reads a bounded share of it and still shows the whole curve, first step to last, and
+    the newest events."""
+    from taxiway_airflow.runs_view import folder as run_files
+
+    steps, ranks = 100_000, [0.12345] * 16  # 16 ranks: a line as long as a 16-node gang's
+    with (tmp_path / "metrics.jsonl").open("w") as fh:
+        for s in range(1, steps + 1):
+            fh.write(json.dumps({"time": "2026-12-01T17:00:00+00:00", "step": s, "loss": 10 - s / steps, "lr": 3e-4,
+                                 "rank_step_time_s": ranks}) + "\n")
+        fh.write('{"step": 100001, "lo')  # the trainer appending
+    events = [json.dumps({"time": f"t{i}", "event": "loss_spike", "level": "warning", "step": i}) for i in range(60_000)]
+    (tmp_path / "events.jsonl").write_text("\n".join(events) + "\n")
+    size = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert size > 20 * (run_files.CURVE_BYTES + run_files.EVENTS_BYTES)
+
+    before = _bytes_read()
+    files = run_files.read(tmp_path, with_events=True)
+    read = _bytes_read() - before
+
+    assert read <= run_files.CURVE_BYTES + run_files.EVENTS_BYTES + 16_384, (read, size)
+    points = files.losses
+    assert points[0] == (1, 10 - 1 / steps) and points[-1] == (steps, 9.0), points[-3:]
+    assert run_files.MAX_POINTS // 2 <= len(points) <= run_files.MAX_POINTS, len(points)
+    gaps = [b[0] - a[0] for a, b in zip(points, points[1:], strict=False)]
+    assert min(gaps) > 0 and max(gaps) <= 2 * steps / len(points), (min(gaps), max(gaps))  # spread over the run
+    assert [e["step"] for e in files.events] == list(range(60_000 - run_files.MAX_EVENTS, 60_000))

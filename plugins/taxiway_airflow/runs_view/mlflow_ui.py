@@ -63,9 +63,9 @@ def find_run(run_key: str, folder: Path) -> str | None:
     from pipelines.registry.runs import RUN_KEY_TAG
     from pipelines.stages import load_run_config
     from taxiway_airflow import mlflow_connection
-    from taxiway_airflow.runs_view.folder import read
+    from taxiway_airflow.runs_view.folder import registry
 
-    if run_id := read(folder).registry.get("run_id"):
+    if run_id := registry(folder).get("run_id"):
         return str(run_id)
     mlflow_connection.apply()  # the api-server logs in to MLflow as the task processes do
     c = client()
