@@ -552,3 +552,30 @@ def test_parent_is_the_baseline_and_recorded_as_the_version_training_started_fro
     tags = client().get_model_version(name, result["version"]).tags
     assert tags["taxiway.parent_model"] == f"models:/{name}/1"
     assert tags["taxiway.baseline"] == f"parent models:/{name}/1"
+
+
+@pytest.mark.parametrize(("uri", "logged", "browsed"), [
+    ("https://s3cr3ttoken@mlflow.example.org/", "https://***@mlflow.example.org/", "https://mlflow.example.org/"),
+    ("https://s3cr3ttoken:x-oauth-basic@mlflow.example.org", "https://***@mlflow.example.org",
+     "https://mlflow.example.org"),
+    ("https://user:s3c@r3t@mlflow.example.org:443/a", "https://***@mlflow.example.org:443/a",
+     "https://mlflow.example.org:443/a"),
+    ("postgresql+psycopg2://mlflow:s3c/r3t?#x@db:5432/mlflow?sslmode=require&password=s3cr3t",
+     "postgresql+psycopg2://***@db:5432/mlflow?sslmode=require&password=***", None),
+    ("https://mlflow.example.org/api?token=s3cr3t&x=1&Access_Token=s3cr3t#/runs",
+     "https://mlflow.example.org/api?token=***&x=1&Access_Token=***#/runs", "https://mlflow.example.org/api?x=1#/runs"),
+    ("https://host/?X-Amz-Signature=s3cr3t#access_token=s3cr3t", "https://host/?X-Amz-Signature=***#access_token=***",
+     "https://host/"),
+    ("https://host/a?mail=me@example.org&token=s3cr3t", "https://***@example.org&token=***", "https://example.org"),
+    ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db", None),
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ("models:/taxiway@champion", "models:/taxiway@champion", None),
+])
+def test_no_credential_in_a_uri_leaves_redacted_or_reaches_a_browser(uri: str, logged: str, browsed: str | None):
+    """Userinfo is a secret whole (a token alone, or a token as the user name), and so are query
+    parameters that name one; the browser's copy has none of them at all."""
+    from pipelines.registry.client import redacted, without_credentials
+
+    assert redacted(uri) == logged and not re.search("s3c|r3t", redacted(uri))  # no piece of a secret
+    if browsed is not None:
+        assert without_credentials(uri) == browsed

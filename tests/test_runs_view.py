@@ -199,3 +199,19 @@ def test_a_long_runs_curve_and_history_are_read_within_a_bound_whatever_the_file
     gaps = [b[0] - a[0] for a, b in zip(points, points[1:], strict=False)]
     assert min(gaps) > 0 and max(gaps) <= 2 * steps / len(points), (min(gaps), max(gaps))  # spread over the run
     assert [e["step"] for e in files.events] == list(range(60_000 - run_files.MAX_EVENTS, 60_000))
+
+
+def test_no_credential_in_the_mlflow_address_reaches_the_browser(airflow_db, monkeypatch):
+    """The links redirect the browser to the MLflow UI: a tracking URI's or a configured address's
+    userinfo and token parameters are the api-server's, never the browser's."""
+    from taxiway_airflow.runs_view import mlflow_ui
+
+    expected = "https://mlflow.example.org/#/models/m/versions/1"
+    monkeypatch.delenv("TAXIWAY_MLFLOW_UI_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://user:s3cr3t@mlflow.example.org/?token=s3cr3t")
+    assert mlflow_ui.model_version_url("m", "1") == expected
+    monkeypatch.setenv(f"AIRFLOW_CONN_{mlflow_ui.CONNECTION_ID.upper()}",
+                       json.dumps({"conn_type": "http", "host": "https://s3cr3ttoken@mlflow.example.org"}))
+    assert mlflow_ui.model_version_url("m", "1") == expected
+    monkeypatch.setenv("TAXIWAY_MLFLOW_UI_URL", "https://s3cr3ttoken:x-oauth-basic@mlflow.example.org/")
+    assert mlflow_ui.model_version_url("m", "1") == expected

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import unquote_plus
 
 from pipelines.config import RegistryConfig
 from pipelines.errors import BadInput, Transient
@@ -22,6 +24,8 @@ from trainer import fsio
 log = logging.getLogger("taxiway.registry")
 
 WEIGHTS_TAG = "taxiway.weights_sha256"  # model-version tag: the sha256 of model.safetensors at registration
+# query parameters that carry a secret: token=, access_token=, password=, X-Amz-Signature=, api_key=, sig=, …
+_SECRET_PARAM = re.compile(r"token|passw|pwd|secret|key|sig|auth|credential|session", re.IGNORECASE)
 T = TypeVar("T")
 
 
@@ -36,12 +40,44 @@ class RegistryUnavailable(Transient):
 # --- connecting, with retries for what is transient -------------------------------------------
 
 def redacted(uri: str) -> str:
-    """The tracking URI without a password, fit for logs and error messages."""
-    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
-        scheme, rest = uri.split("://", 1)
-        auth, _, host = rest.partition("@")
-        return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}" if ":" in auth else uri
-    return uri
+    """``uri`` fit for logs and error messages: its userinfo and the values of query parameters that
+    name a secret become ``***``. All of the userinfo: a token alone (``https://TOKEN@host``) or a
+    token as the user name (``https://TOKEN:x-oauth-basic@host``) is as secret as a password."""
+    return _without_secrets(uri, mask="***")
+
+
+def without_credentials(url: str) -> str:
+    """``url`` fit for a browser: no userinfo and no secret query parameters at all (masked, they would
+    only make the browser ask for a password)."""
+    return _without_secrets(url, mask=None)
+
+
+def _without_secrets(uri: str, mask: str | None) -> str:
+    """``uri`` with its userinfo and secret parameters masked (``mask``) or dropped (None).
+
+    The userinfo ends at the last "@" of the authority (how HTTP clients read it) or at the first
+    "@" of the URI (how SQLAlchemy reads a database URI: its password may hold "/", "?" or "#"),
+    whichever is later: reading a path's "@" as the end of a password hides too much, never too little.
+    Parameters are ``name=value`` after "?", "&", ";" or "#" (a token can be in a fragment too)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    userinfo = ""
+    if not rest.startswith("/"):
+        authority_end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+        if (cut := max(rest.rfind("@", 0, authority_end), rest.find("@"))) >= 0:
+            userinfo, rest = (f"{mask}@" if mask else ""), rest[cut + 1:]
+    parts = re.split(r"([?&;#])", rest)
+    kept, opener = [parts[0]], ""  # opener: a "?" or "#" whose first parameters were dropped
+    for separator, param in zip(parts[1::2], parts[2::2], strict=True):
+        name = param.partition("=")[0]
+        secret = "=" in param and _SECRET_PARAM.search(unquote_plus(name)) is not None
+        if secret and mask is None:
+            opener = separator if separator in "?#" else opener
+            continue
+        kept += [separator if separator in "?#" else opener or separator, f"{name}={mask}" if secret else param]
+        opener = ""
+    return f"{scheme}://{userinfo}{''.join(kept)}"
 
 
 def _is_database(uri: str) -> bool:

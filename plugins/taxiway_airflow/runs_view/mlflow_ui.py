@@ -37,13 +37,15 @@ def _from_connection() -> str | None:
 
 
 def ui_base() -> str:
-    """The MLflow UI's address, without a trailing slash."""
+    """The MLflow UI's address, without a trailing slash. It goes to the browser (a redirect), so it
+    carries no credentials: a tracking URI's ``user:password@`` is the workers' to use, not the user's."""
+    from pipelines.registry.client import without_credentials
     from pipelines.run_folder import mlflow_tracking_uri
 
     tracking = mlflow_tracking_uri()
     base = (os.environ.get("TAXIWAY_MLFLOW_UI_URL") or _from_connection()
             or (tracking if tracking.startswith(("http://", "https://")) else EMBEDDED_UI))
-    return base.rstrip("/")
+    return without_credentials(base).rstrip("/")
 
 
 def model_version_url(name: str, version: str) -> str:
