@@ -5,6 +5,7 @@ and the advice for each kind of failure."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,29 @@ def test_a_runs_summary_is_its_first_failure_until_a_clear_starts_its_next_try(h
     assert (kept["task_id"], kept["kind"]) == ("preflight.gate", "check failed"), kept
     after_clear = fail("tokenize.shard", BadInput("val/a.txt: content differs from the manifest"), 1)
     assert (after_clear["task_id"], after_clear["clear_number"]) == ("tokenize.shard", 1), after_clear
+
+
+def test_a_note_quotes_a_crafted_conf_key_or_file_name_as_text_never_as_markup():
+    """The note is Markdown (the grid renders it): a conf key or file name a trigger or the data chose
+    must show as itself, adding no link, image, HTML or code span. Rendered here as GitHub-flavoured
+    Markdown with raw HTML allowed and bare links made links, the most a renderer would make of it."""
+    from html import unescape
+
+    from markdown_it import MarkdownIt
+
+    from taxiway_airflow.failure_summary import FailureSummary, one_line
+
+    key = "[x](javascript:alert(1))"
+    name = "a`b`<img src=x onerror=alert(1)>__x__&amp;*y*~~z~~|www.evil.example|me@evil.example.txt"
+    reason = one_line(f"invalid conf:\n{key}: not a conf key\ntrain/{name}: see https://evil.example/x")
+    for member in (None, "02"):
+        summary = FailureSummary(dag_id="taxiway_train", run_id="r", task_id="resolve_config", stage="resolve_config",
+                                 kind="bad input", reason=reason, next=f"fix train/{name}", run_folder="/runs/`a`<b>",
+                                 at="2026-12-01T10:00:00+00:00", member=member)
+        rendered = MarkdownIt("gfm-like").render(summary.note())
+        assert "<strong>" in rendered  # the note's own markup still works
+        assert not any(tag in rendered for tag in ("<a", "<img", "<em", "<s>", "<del", "<table")), rendered
+        assert rendered.count("<code>") == 2, rendered  # the task and the folder, nothing the reason holds
+        shown = unescape(re.sub(r"<[^>]+>", "", rendered))
+        assert f"{key}: not a conf key; train/{name}: see https://evil.example/x" in shown, shown
+        assert f"fix train/{name}" in shown and "/runs/`a`<b>" in shown, shown

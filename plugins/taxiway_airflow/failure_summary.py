@@ -54,13 +54,17 @@ class FailureSummary:
                 f"{self.next} | run folder: {self.run_folder}")
 
     def note(self) -> str:
-        """The run's note (Markdown, shown in the grid)."""
+        """The run's note (Markdown, shown in the grid). The reason quotes conf keys and file names, which
+        a trigger or the data chose: every value goes in escaped, so none can add a link, image or HTML."""
+        from taxiway_airflow.run_note import code, text
+
+        task, reason, next_ = code(self.task_id), text(self.reason), text(self.next)
         if self.member:
-            return (f"**Sweep member {self.member} failed** (`{self.task_id}`, {self.kind}): {self.reason}\n\n"
+            return (f"**Sweep member {text(self.member)} failed** ({task}, {text(self.kind)}): {reason}\n\n"
                     "The sweep goes on with the other members; this one is listed as failed in its ranking.\n\n"
-                    f"**Next:** {self.next}\n\nMember folder: `{self.run_folder}`")
-        return (f"**Failed at {self.stage}** (`{self.task_id}`, {self.kind}): {self.reason}\n\n"
-                f"**Next:** {self.next}\n\nRun folder: `{self.run_folder}`")
+                    f"**Next:** {next_}\n\nMember folder: {code(self.run_folder)}")
+        return (f"**Failed at {text(self.stage)}** ({task}, {text(self.kind)}): {reason}\n\n"
+                f"**Next:** {next_}\n\nRun folder: {code(self.run_folder)}")
 
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
