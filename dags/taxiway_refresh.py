@@ -10,7 +10,7 @@ new data held out) in `<run>/refresh/`, then the same groups as taxiway_train: p
 tokenize (new files only, plus replay) → train from the champion → evaluate on the fixed and the new
 data → register (the batches in `refresh/ledger.json` on the version).
 
-**Outputs**: the run folder `$TAXIWAY_HOME/runs/<run id>/` and the MLflow model version. See
+**Outputs**: the run folder `$TAXIWAY_HOME/runs/<dag id>/<run id>-<hash>/` and the MLflow model version. See
 docs/refresh.md.
 """
 

@@ -16,7 +16,7 @@ of the sweep's run and registers only the best (alias `champion` only on a passe
 
 **Compare**: `<run>/sweep/ranking.md` (and `ranking.json`); in MLflow, the experiment = the config's
 `name`: expand the sweep's run to see its members, select them and *Compare*. Outputs: the run
-folder `$TAXIWAY_HOME/runs/<run id>/` with a run folder per member under `sweep/NN/`.
+folder `$TAXIWAY_HOME/runs/<dag id>/<run id>-<hash>/` with a run folder per member under `sweep/NN/`.
 """
 
 from __future__ import annotations

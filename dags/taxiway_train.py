@@ -9,7 +9,7 @@ changes: `POST /api/v2/dags/taxiway_train/dagRuns` with `{"conf": {"train": {"lr
 test, then the gang; `evaluate` compares with the baseline; `register` logs the MLflow run and the
 model version (alias `champion` only on a passed gate).
 
-**Outputs**: the run folder `$TAXIWAY_HOME/runs/<run id>/`, and MLflow: experiment = the config's
+**Outputs**: the run folder `$TAXIWAY_HOME/runs/<dag id>/<run id>-<hash>/`, and MLflow: experiment = the config's
 `name`, registered model = `registry.model_name`. Wiring only: task bodies live in
 `taxiway_airflow.tasks`.
 """

@@ -16,6 +16,7 @@ from pipelines.config import RunConfig
 from pipelines.config.limits import checkpoint_bytes
 from pipelines.errors import CheckFailed
 
+
 class DiskFull(CheckFailed):
     """Not enough free disk for what a stage is about to write: never retried, since the same
     disk 30 s later is no emptier; someone must free space or choose smaller settings."""

@@ -51,7 +51,7 @@ from trainer.paths import TrainerPaths
 from trainer.status import DONE, State
 
 __all__ = ["DONE", "Cache", "RunFolder", "State", "cache_dir", "folder_name", "mlflow_artifact_root", "mlflow_tracking_uri",
-           "named_run_dir", "run_dir", "run_folders", "runs_root", "safe_name", "taxiway_home"]
+           "named_run_dir", "run_dir", "run_folders", "run_key", "runs_root", "safe_name", "taxiway_home"]
 
 
 @dataclass(frozen=True)
@@ -359,6 +359,12 @@ def folder_name(dag_id: str, run_id: str) -> str:
 def runs_root(home: Path | PurePosixPath | None = None) -> Path:
     """Where run folders live: under ``home`` (default ``$TAXIWAY_HOME``; a pod's mount path)."""
     return Path(home if home is not None else taxiway_home()) / "runs"
+
+
+def run_key(dag_id: str, run_id: str) -> str:
+    """An Airflow run's identity in MLflow (the tag ``taxiway.run_key``): its folder name, injective in
+    (DAG id, run id) like the folder, and of characters an MLflow search filter takes as they are."""
+    return folder_name(dag_id, run_id)
 
 
 def run_dir(dag_id: str, run_id: str, home: Path | PurePosixPath | None = None) -> Path:

@@ -26,7 +26,7 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
     from mlflow.exceptions import MlflowException
 
     from pipelines.registry import RUN_KEY_TAG, client
-    from pipelines.run_folder import RunFolder, run_dir
+    from pipelines.run_folder import RunFolder, run_dir, run_key
     from taxiway_airflow.runs_view import folder as run_files
     from taxiway_airflow.runs_view import render
 
@@ -66,7 +66,7 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
 
     c = client()
     exp = c.get_experiment_by_name("taxiway-tiny")
-    (parent,) = c.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{dr.run_id}'")
+    (parent,) = c.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key(dr.dag_id, dr.run_id)}'")
     assert parent.data.tags["taxiway.sweep"] == "parent" and parent.info.status == "FINISHED"
     children = c.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     by_member = {r.data.tags["taxiway.sweep"]: r for r in children}

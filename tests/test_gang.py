@@ -284,11 +284,12 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
     # Metrics went to the pipeline's MLflow run while training ran (restarts included); registration
     # completed that same run without logging a line twice.
     from pipelines import registry
+    from pipelines.run_folder import run_key
 
     assert registry.shipped_offset(run_dir) == (run_dir / "metrics.jsonl").stat().st_size
     c = registry.client()
     runs = c.search_runs([registry.runs._experiment_id(c, "taxiway-tiny")],
-                         filter_string=f"tags.`{registry.RUN_KEY_TAG}` = '{dr.run_id}'")
+                         filter_string=f"tags.`{registry.RUN_KEY_TAG}` = '{run_key(dr.dag_id, dr.run_id)}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.tags[registry.LIVE_TAG] == "1" and runs[0].data.tags["taxiway.restarts"] == "2"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

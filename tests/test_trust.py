@@ -204,3 +204,17 @@ def test_the_security_docs_table_lists_every_field_with_its_owner():
             col = "deployment" if owner_reason(path) else "trigger"
             star = f"{path.rsplit('.', 1)[0]}.*"
             assert path in named[col] or star in named[col], (path, col)
+
+
+def test_a_run_id_never_reaches_an_mlflow_filter_as_written():
+    """A REST caller picks the run id: its MLflow key is the run folder's name (filter-safe, one per
+    (DAG, run id)), and a quote that would end a filter's string is refused, never sent."""
+    from pipelines.registry.runs import literal
+    from pipelines.run_folder import run_key
+
+    keys = {run_key("taxiway_train", "x' and tags.a = 'b"), run_key("taxiway_train", "x_and_tags.a_b"),
+            run_key("taxiway_sweep", "x' and tags.a = 'b")}
+    assert len(keys) == 3 and all(literal(k, "run key") == f"'{k}'" for k in keys)
+    for bad in ("x'y", 'x"y', "x\\y", "x`y"):
+        with pytest.raises(BadInput, match="run key: quotes and backslashes"):
+            literal(bad, "run key")

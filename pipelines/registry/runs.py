@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import RegistryConfig, RunConfig
+from pipelines.errors import BadInput
 from pipelines.registry import lineage
 from pipelines.registry import metrics as live_metrics
 from pipelines.registry.client import CHECKPOINT_ARTIFACT, client, with_retries
 from pipelines.run_folder import RunFolder, mlflow_artifact_root, mlflow_tracking_uri
 
-RUN_KEY_TAG = "taxiway.run_key"   # the Airflow run id (or the CLI's run key): the run's identity
+RUN_KEY_TAG = "taxiway.run_key"   # run_folder.run_key of an Airflow run (or the CLI's run key): its identity
 # MLflow 3's UI opens an experiment on the page its kind names; untagged, it may open the GenAI traces
 # page. "custom_model_development" is the UI's "Machine learning" kind: runs, metrics, models.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
@@ -133,13 +134,23 @@ def _log_datasets(c, run_id: str, cfg: RunConfig, run_dir: Path) -> None:
     c.log_inputs(run_id, datasets=inputs)
 
 
+def literal(text: str, what: str) -> str:
+    """``text`` as a string in an MLflow search filter: MLflow's filter grammar has no escape for a
+    quote, so a value holding one could end the string early; such a value is refused."""
+    if any(c in text for c in "'\"\\`"):
+        raise BadInput(f"{what}: quotes and backslashes are not allowed (it is matched in MLflow searches)")
+    return f"'{text}'"
+
+
 def _find_run(c, experiment_id: str, run_key: str):
-    runs = c.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'", max_results=1)
+    runs = c.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = {literal(run_key, 'run key')}",
+                         max_results=1)
     return runs[0] if runs else None
 
 
 def _find_version(c, name: str, run_key: str):
-    versions = c.search_model_versions(f"name = '{name}' and tags.`{RUN_KEY_TAG}` = '{run_key}'")
+    versions = c.search_model_versions(f"name = {literal(name, 'registry.model_name')} and "
+                                       f"tags.`{RUN_KEY_TAG}` = {literal(run_key, 'run key')}")
     return versions[0] if versions else None
 
 

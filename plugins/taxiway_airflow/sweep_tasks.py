@@ -47,9 +47,11 @@ def resolve_sweep() -> dict[str, Any]:
 def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One run folder per point, sharing this run's preflight and packed data; the list is what the
     member task group is mapped over."""
+    from pipelines import run_folder
     from pipelines.sweep import members as sweep_members
 
-    out = sweep_members.write(Path(run["run_dir"]), get_current_context()["run_id"])
+    ctx = get_current_context()
+    out = sweep_members.write(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]))
     log.info("%d member run folder(s) under %s", len(out), Path(run["run_dir"]) / "sweep")
     return out
 
@@ -73,11 +75,12 @@ def rank() -> dict[str, Any]:
 @translated
 def register_best(run: dict[str, Any]) -> dict[str, Any]:
     """Every member a child MLflow run of the sweep's run; the best registered. Idempotent per Airflow run."""
+    from pipelines import run_folder
     from pipelines.sweep import registration
 
     ctx = get_current_context()
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
-    result = registration.register(Path(run["run_dir"]), ctx["run_id"], airflow)
+    result = registration.register(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]), airflow)
     log.info("registered member %s as %s version %s ('%s'); MLflow parent run %s", result["sweep_member"],
              result["model_name"], result["version"], result["alias"], result["parent_run_id"])
     return result

@@ -260,12 +260,13 @@ def evaluate(run: dict[str, Any]) -> dict[str, Any]:
 @translated
 def register(run: dict[str, Any]) -> dict[str, Any]:
     """Idempotent per Airflow run: a retry reuses the MLflow run and model version it made."""
-    from pipelines import stages
+    from pipelines import run_folder, stages
 
     ctx = get_current_context()
     run_dir = _run_dir(run)
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
-    result = stages.register(stages.load_run_config(run_dir), run_dir, ctx["run_id"], airflow)
+    key = run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"])
+    result = stages.register(stages.load_run_config(run_dir), run_dir, key, airflow)
     log.info("registered %s version %s as '%s'", result["model_name"], result["version"], result["alias"])
     return result
 

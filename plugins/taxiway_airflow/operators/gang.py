@@ -168,7 +168,9 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def _run_key(self, context: Any) -> str:
         """The MLflow run the metrics go to: the Airflow run's, or a sweep member's own (its XCom names it)."""
-        return self.run.get("run_key") or context["run_id"]
+        from pipelines import run_folder
+
+        return self.run.get("run_key") or run_folder.run_key(context["dag"].dag_id, context["run_id"])
 
     def _config(self):
         from pipelines import stages

@@ -155,9 +155,12 @@ def create_app() -> FastAPI:
 
     @app.get("/go/{target}/{dag_id}/{run_id}", dependencies=dag_access)
     async def go(request: Request, target: str, dag_id: str, run_id: str) -> Any:
+        from pipelines.run_folder import run_key
+
         row = await _one(dag_id, run_id)
         if target == "mlflow-run":
-            found = await off_loop(("mlflow-run", dag_id, run_id), lambda: mlflow_ui.run_url(run_id, row.files.folder))
+            key = run_key(dag_id, run_id)
+            found = await off_loop(("mlflow-run", dag_id, run_id), lambda: mlflow_ui.run_url(key, row.files.folder))
             if not found:
                 return HTMLResponse(render.message("No MLflow run yet", f"{run_id} has not logged to MLflow yet "
                                                    "(training ships metrics once the gang runs)."), 404)

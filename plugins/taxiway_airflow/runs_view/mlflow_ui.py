@@ -62,7 +62,7 @@ def find_run(run_key: str, folder: Path) -> str | None:
     """The MLflow run id of the Airflow run ``run_key``: from ``registry.json`` once registered, else
     the run the training sensor opened (tag ``taxiway.run_key``) in the run's experiment."""
     from pipelines.registry.client import client
-    from pipelines.registry.runs import RUN_KEY_TAG
+    from pipelines.registry.runs import RUN_KEY_TAG, literal
     from pipelines.stages import load_run_config
     from taxiway_airflow import mlflow_connection
     from taxiway_airflow.runs_view.folder import registry
@@ -74,6 +74,6 @@ def find_run(run_key: str, folder: Path) -> str | None:
     experiment = c.get_experiment_by_name(load_run_config(folder).name)
     if experiment is None:
         return None
-    found = c.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-                          max_results=1)
+    found = c.search_runs([experiment.experiment_id], max_results=1,
+                          filter_string=f"tags.`{RUN_KEY_TAG}` = {literal(run_key, 'run key')}")
     return found[0].info.run_id if found else None
