@@ -96,7 +96,7 @@ def test_members_train_apart_are_ranked_and_only_the_best_is_registered(dag):
 
     from pipelines.sweep import registration  # a retried register task: the same runs and version, none added
 
-    again = registration.register(folder.root, dr.run_id, {"dag_id": "taxiway_sweep", "run_id": dr.run_id})
+    again = registration.register(folder.root, run_key(dr.dag_id, dr.run_id), {"dag_id": "taxiway_sweep", "run_id": dr.run_id})
     assert (again["version"], again["parent_run_id"]) == (reg["version"], reg["parent_run_id"])
     assert len(c.search_model_versions("name = 'taxiway-tiny-gpt'")) == 1
     assert len(c.search_runs([exp.experiment_id])) == 4  # the parent and its three members

@@ -19,9 +19,12 @@ MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKIN
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The step writes os.environ itself; monkeypatch puts back what each test started with."""
+    """The step writes os.environ itself; monkeypatch puts back what each test started with. A
+    variable absent at the start is set first, so monkeypatch records it and removes what the step
+    wrote (``delenv`` of an absent one records nothing: the step's value leaked into later tests)."""
     for name in (*MLFLOW_ENV, "AIRFLOW_CONN_MLFLOW_DEFAULT"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv(mlflow_connection.CONNECTION_ENV, mlflow_connection.CONNECTION_ID)  # as deployed
 
 

@@ -105,6 +105,7 @@ def test_the_default_data_roots_hold_data_not_the_deployments_state(home: Path, 
     folders, never MLflow's database and artifacts, Airflow's home, other runs or the cache; the demo
     config (``make demo``) and the landing zone of the base config lie inside."""
     monkeypatch.delenv("TAXIWAY_DATA_ROOTS")
+    (home / "cache").unlink()  # this test's own cache, not the session's shared one (linked into every home)
     for name in ("mlflow.db", "mlartifacts/0/x", "airflow/airflow.cfg", "runs/other/config.yaml", "cache/packed"):
         (home / name).parent.mkdir(parents=True, exist_ok=True)
         (home / name).write_text("x")

@@ -170,7 +170,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         """The MLflow run the metrics go to: the Airflow run's, or a sweep member's own (its XCom names it)."""
         from pipelines import run_folder
 
-        return self.run.get("run_key") or run_folder.run_key(context["dag"].dag_id, context["run_id"])
+        return self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"])
 
     def _config(self):
         from pipelines import stages
