@@ -20,7 +20,7 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test lint venv browser airflow prod-local mlflow-ui bench clean
+.PHONY: demo test lint venv browser services airflow prod-local mlflow-ui bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
@@ -45,12 +45,17 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 	@grep -q "state=success" $(TAXIWAY_HOME)/demo.log || { echo "DAG run did not succeed; see $(TAXIWAY_HOME)/demo.log"; exit 1; }
 	@$(BIN)/taxiway summary
 
-test: lint browser
+test: lint browser services
 	$(BIN)/pytest -n 3 --durations=25
 
 # tests/test_live_ui.py drives Debian's chromium with Playwright (never a downloaded browser)
 browser:
 	@command -v chromium > /dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+# the tests start PostgreSQL and Redis of their own on free ports (tests/services.py), from Debian's binaries
+services:
+	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 && command -v redis-server > /dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq postgresql redis-server; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench deploy

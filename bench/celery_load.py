@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 from live_airflow import CeleryShape, LiveAirflow  # noqa: E402
 from mlflow_server import mlflow_server  # noqa: E402
 from postgres import fresh_db, pg_uri  # noqa: E402
+from redis_server import redis_url  # noqa: E402
 
 DAG = "taxiway_train"
 TINY = REPO / "configs" / "tiny.yaml"
@@ -108,18 +108,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "celery_load.json")
     args = ap.parse_args()
-    import redis
-
     from pipelines.demo_data import write_demo_data
 
     root = Path(tempfile.mkdtemp(prefix="celery-load-"))
-    db_number = random.randint(1, 15)
-    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
-    broker.flushdb()
     with fresh_db("taxiway_airflow") as metadata, mlflow_server(root / "mlflow") as tracking:
         live = LiveAirflow(root / "deployment", extra_env={"TAXIWAY_CONFIG": str(TINY),
                                                          "MLFLOW_TRACKING_URI": tracking.uri},
-                           celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}"))
+                           celery=CeleryShape(pg_uri(metadata), redis_url()))
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         live.start()
         try:
@@ -147,7 +142,6 @@ def main() -> None:
                             "registry": _registry_checks(tracking.uri, args.runs)}}
         finally:
             live.stop()
-            broker.flushdb()
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

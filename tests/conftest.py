@@ -146,9 +146,15 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controller measures how slow this machine is (tests/time_scale.py) before any worker
-    starts; the workers inherit the factor through the environment. A factor set by hand wins."""
-    if not hasattr(config, "workerinput") and time_scale.ENV not in os.environ:
-        os.environ[time_scale.ENV] = f"{time_scale.measure():.2f}"
+    starts; the workers inherit the factor through the environment. A factor set by hand wins.
+    Likewise the folder of the session's own PostgreSQL and Redis (tests/services.py), started by
+    the first test that needs one, so that all workers share them."""
+    import services
+
+    if not hasattr(config, "workerinput"):
+        if time_scale.ENV not in os.environ:
+            os.environ[time_scale.ENV] = f"{time_scale.measure():.2f}"
+        services.session_dir()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,15 +1,14 @@
 """The production shape, run here: Airflow on PostgreSQL with the CeleryExecutor (Redis broker, two
 Celery workers), a separate scheduler, dag-processor, triggerer and api-server, and an MLflow tracking
 server (its own PostgreSQL database, proxied artifacts) that every task reaches through
-``MLFLOW_TRACKING_URI``. Each database is the test's own, dropped afterwards; the broker is a Redis
-database number of its own, flushed before and after."""
+``MLFLOW_TRACKING_URI``. Each database is the test's own, dropped afterwards, on the session's own
+PostgreSQL (tests/postgres.py); the broker is the session's own Redis (tests/redis_server.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import random
 import signal
 import time
 
@@ -19,6 +18,7 @@ from live_airflow import CeleryShape, LiveAirflow, wait_for
 from live_training import new_gang, stepping, task_process
 from mlflow_server import mlflow_server
 from postgres import fresh_db, pg_uri
+from redis_server import redis_url
 from trainer_corpus import gang_pids
 
 from conftest import TINY, taxiway
@@ -33,18 +33,13 @@ STEPS = 160  # the gang trains on while its task is lost; the retry finds it run
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     """The shape above, started once for the module; ``deployment.mlflow_uri`` is the tracking server."""
-    import redis
-
     from pipelines.demo_data import write_demo_data
 
     root = tmp_path_factory.mktemp("celery")
-    db_number = random.randint(1, 15)
-    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
-    broker.flushdb()
     with fresh_db("taxiway_airflow") as metadata, mlflow_server(root / "mlflow") as tracking:
         live = LiveAirflow(root / "airflow-deployment",
                            extra_env={"TAXIWAY_CONFIG": str(TINY), "MLFLOW_TRACKING_URI": tracking.uri},
-                           celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}"))
+                           celery=CeleryShape(pg_uri(metadata), redis_url()))
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         live.start()
         live.mlflow_uri, live.tracking, live.databases = tracking.uri, tracking, (metadata, tracking.db)
@@ -54,7 +49,6 @@ def deployment(tmp_path_factory):
             yield live
         finally:
             live.stop()
-            broker.flushdb()
 
 
 def _trigger(live: LiveAirflow, conf: dict) -> str:
