@@ -20,7 +20,7 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test lint venv browser services airflow prod-local mlflow-ui bench clean
+.PHONY: demo test test-live lint venv browser services airflow prod-local mlflow-ui bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
@@ -45,8 +45,14 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 	@grep -q "state=success" $(TAXIWAY_HOME)/demo.log || { echo "DAG run did not succeed; see $(TAXIWAY_HOME)/demo.log"; exit 1; }
 	@$(BIN)/taxiway summary
 
-test: lint browser services
-	$(BIN)/pytest -n 3 --durations=25
+# Two tiers (docs/architecture.md, "Tests in tiers"): `test` needs no live deployment (unit, component,
+# dag.test() end to end, a real MLflow server); `test-live` starts live Airflow deployments (scheduler,
+# triggerer, api-server; LocalExecutor and Celery) and drives a browser. .ci/run runs both.
+test: lint services
+	$(BIN)/pytest -n 3 -m "not live and not browser" --durations=25
+
+test-live: lint browser services
+	$(BIN)/pytest -n 3 -m "live or browser" --durations=25
 
 # tests/test_live_ui.py drives Debian's chromium with Playwright (never a downloaded browser)
 browser:

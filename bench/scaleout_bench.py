@@ -32,7 +32,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -51,6 +50,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 
 from live_airflow import CeleryShape, LiveAirflow, wait_for  # noqa: E402
 from postgres import fresh_db, pg_uri  # noqa: E402
+from redis_server import redis_url  # noqa: E402
 
 DAG = "taxiway_train"
 TINY = REPO / "configs" / "tiny.yaml"
@@ -243,12 +243,7 @@ def plain_stages(data: Path, tok: Path, workers: int, scratch: Path) -> dict:
 def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
     """A fresh deployment with two one-slot Celery workers; ``rounds`` rounds of a cold run on one worker
     and one on both, in alternating order, each round with both ceilings."""
-    import redis
-
-    db_number = random.randint(1, 15)
-    broker_url = f"redis://127.0.0.1:6379/{db_number}"
-    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
-    broker.flushdb()
+    broker_url = redis_url()
     out = []
     home = root / "taxiway"  # LiveAirflow's TAXIWAY_HOME
     with fresh_db("taxiway_airflow") as metadata:
@@ -287,7 +282,6 @@ def measure(rounds: int, data: Path, tok: Path, root: Path) -> list[dict]:
                       f"{plain_s['2']} s, {out[-1]['plain_stages']['speedup']}x", flush=True)
         finally:
             live.stop()
-            broker.flushdb()
     return out
 
 

@@ -4,13 +4,12 @@ tests/test_live_celery.py starts: Airflow on a fresh PostgreSQL database with th
 tracking server on its own PostgreSQL database with proxied artifacts. Prints the URLs and the admin
 password, runs until Ctrl-C, then stops every process and drops both databases.
 
-Needs PostgreSQL at 127.0.0.1:5432 (trust auth) and Redis at 127.0.0.1:6379.
+Starts its own PostgreSQL and Redis on free ports (tests/services.py; `make services` installs them).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import signal
 import sys
 import threading
@@ -22,6 +21,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 from live_airflow import CeleryShape, LiveAirflow  # noqa: E402
 from mlflow_server import mlflow_server  # noqa: E402
 from postgres import fresh_db, pg_uri  # noqa: E402
+from redis_server import redis_url  # noqa: E402
 
 
 def main() -> None:
@@ -31,19 +31,15 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "tiny.yaml")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    import redis
-
     from pipelines.demo_data import write_demo_data
 
-    db_number = random.randint(1, 15)
-    broker = redis.Redis(host="127.0.0.1", port=6379, db=db_number)
-    broker.flushdb()
+    broker = redis_url()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     with fresh_db("taxiway_airflow") as metadata, mlflow_server(args.root / "mlflow") as tracking:
         live = LiveAirflow(args.root / "deployment",
                            extra_env={"TAXIWAY_CONFIG": str(args.config), "MLFLOW_TRACKING_URI": tracking.uri},
-                           celery=CeleryShape(pg_uri(metadata), f"redis://127.0.0.1:6379/{db_number}", args.workers))
+                           celery=CeleryShape(pg_uri(metadata), broker, args.workers))
         if not (live.taxiway_home / "demo-data" / "manifest.jsonl").exists():
             write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         live.start()
@@ -51,7 +47,7 @@ def main() -> None:
             print(f"Airflow UI/API : {live.url}  (user admin, password {live.password})\n"
                   f"MLflow         : {tracking.uri}\n"
                   f"metadata       : {pg_uri(metadata)} (dropped on exit)\n"
-                  f"broker         : redis://127.0.0.1:6379/{db_number}\n"
+                  f"broker         : {broker}\n"
                   f"logs           : {live.root}/*.log\n"
                   f"TAXIWAY_HOME   : {live.taxiway_home}\n"
                   "Ctrl-C stops everything.", flush=True)

@@ -1,5 +1,5 @@
 """Registration on real MLflow stores — SQLite and PostgreSQL (a fresh database per session on
-127.0.0.1:5432, dropped afterwards) — lineage, aliases, idempotence after a crash, two runs
+the session's own server, tests/postgres.py, dropped afterwards) — lineage, aliases, idempotence after a crash, two runs
 finishing together, the locks, a deleted champion, an unreachable or briefly absent store, and
 ``taxiway generate`` loading a registered model."""
 
