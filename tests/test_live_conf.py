@@ -1,6 +1,7 @@
 """What a user meets when triggering ``taxiway_train`` over REST on a live Airflow: conf mistakes and
 out-of-bounds paths are refused with one readable line, before any stage and without echoing a file;
-the README's REST example works verbatim; short runs under CPU load succeed on their first try."""
+the README's REST example works verbatim; a transient failure is retried by the scheduler. (Runs on a
+machine loaded past its cores, every task on its first try: bench/celery_load.py's ``retried``.)"""
 
 from __future__ import annotations
 
@@ -132,28 +133,6 @@ def test_readme_rest_example_works_verbatim_on_a_paused_dag(live_airflow):
     wait_for("the README's run to start", lambda: live.task_instances(DAG, new[0]).get("resolve_config", {})
              .get("state") == "success", 120, every_s=1)
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{new[0]}", json={"state": "failed"}).raise_for_status()
-
-
-@pytest.mark.live
-def test_short_runs_under_cpu_load_succeed_on_their_first_try(live_airflow):
-    """Two CPU-bound processes take the machine's cores; two tiny runs, one after another, still pass
-    every task on its first try (no stall, startup or sensor timeout misfires). Two, not more: under
-    make test the burners slow every other worker's tests as long as they run."""
-    live = live_airflow
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        for i in range(2):
-            resp = live.trigger(DAG, {"train": {"seed": 100 + i}})
-            assert resp.status_code == 200, resp.text
-            run_id = resp.json()["dag_run_id"]
-            run = live.wait_run(DAG, run_id, timeout_s=600)
-            tis = live.task_instances(DAG, run_id)
-            tries = {k: (ti["state"], ti["try_number"]) for k, ti in tis.items()}
-            assert run["state"] == "success" and set(tries.values()) == {("success", 1)}, (run_id, tries)
-    finally:
-        for proc in burners:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.live
