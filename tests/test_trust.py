@@ -85,6 +85,14 @@ def test_only_the_gate_moves_champion_and_a_trigger_cannot_weaken_it(demo_data, 
         load_config(same)
 
 
+def test_a_triggered_refresh_cannot_move_the_landing_zone_or_its_policy(demo_data, tmp_path):
+    """``refresh.*`` is the deployment's: a conf pointing the landing zone elsewhere (to write invented
+    batch ids into the ledger) or loosening the quarantine is refused by the refresh's first task too."""
+    text = _refused({"refresh": {"landing": str(tmp_path / "elsewhere"), "max_attempts": 100}})
+    assert "refresh.landing: only the deployment sets this" in text and "refresh.max_attempts" in text
+    assert str(tmp_path) not in text
+
+
 def test_limits_bound_a_run_and_a_trigger_cannot_raise_them(demo_data, tmp_path, monkeypatch):
     assert "limits.nodes: only the deployment sets this" in _refused({"limits": {"nodes": 64}, "compute": {"nodes": 20}})
     assert "compute.nodes (17) exceeds limits.nodes (16)" in _refused({"compute": {"nodes": 17}})
