@@ -45,3 +45,31 @@ def test_a_sweep_over_rest_trains_its_members_side_by_side_and_registers_the_bes
     assert registered["sweep_member"] == ranking["best"] and registered["version"], registered
     print(f"sweep {run_id}: gangs {a0 - a0:.0f}-{a1 - a0:.0f} s and {b0 - a0:.0f}-{b1 - a0:.0f} s; best member "
           f"{ranking['best']} registered as version {registered['version']}")
+
+
+@pytest.mark.live
+def test_a_sweeps_points_are_a_triggers_values_refused_before_any_stage(live_airflow):
+    """Sweep points over REST are a trigger's: a key only the deployment sets (with a ``${VAR}`` value)
+    and a grid of millions of points fail the first task on its first try, naming point and key; the
+    task's log holds nothing of the worker's environment."""
+    from live_airflow import PLANTED_SECRET
+
+    live = live_airflow
+    live.wait_dag(DAG)
+    live.unpause(DAG)
+    cases = {
+        "owned": ([{"compute.kubernetes.labels": {"a": "${SECRET_DB_URL}"}}, {"train.lr": 0.01}],
+                  "sweep[0].compute.kubernetes.labels: only the deployment sets this"),
+        "huge": ({f"train.k{i}": list(range(15)) for i in range(6)}, "11,390,625 member(s); a sweep has 2 to 16"),
+    }
+    runs = {}
+    for name, (spec, _) in cases.items():
+        resp = live.trigger(DAG, {"sweep": spec})
+        assert resp.status_code == 200, (name, resp.text)
+        runs[name] = resp.json()["dag_run_id"]
+    for name, run_id in runs.items():
+        assert live.wait_run(DAG, run_id, timeout_s=300)["state"] == "failed", name
+        ti = live.task_instance(DAG, run_id, "resolve_config")
+        assert ti["state"] == "failed" and ti["try_number"] == 1, (name, ti["state"], ti["try_number"])
+        log = live.task_log(DAG, run_id, "resolve_config") or ""
+        assert cases[name][1] in log and PLANTED_SECRET not in log, (name, log[-2000:])
