@@ -7,10 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
+from airflow.sdk.configuration import conf
 
 from taxiway_airflow.failures import failure_kinds
 
 log = logging.getLogger("taxiway")
+
+
+POKE_INTERVAL_S = 5.0  # the deployment may set it: [taxiway] checkpoint_poke_s (AIRFLOW__TAXIWAY__CHECKPOINT_POKE_S)
 
 
 class CheckpointSensor(BaseSensorOperator):
@@ -19,7 +23,7 @@ class CheckpointSensor(BaseSensorOperator):
     template_fields = ("run",)
 
     def __init__(self, *, run: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("poke_interval", 5)
+        kwargs.setdefault("poke_interval", conf.getfloat("taxiway", "checkpoint_poke_s", fallback=POKE_INTERVAL_S))
         kwargs.setdefault("timeout", 600)
         kwargs.setdefault("mode", "reschedule")
         super().__init__(**kwargs)

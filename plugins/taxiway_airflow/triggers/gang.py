@@ -23,7 +23,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 # was canceling, so the event came 3 s after deferral while the deferring process took 5 s to
 # exit. An event is therefore never sent sooner than this after the trigger started; a gang
 # that ends that early is rare (its start-up alone takes longer) and loses only these seconds.
+# The deployment may set it (``[taxiway] min_event_delay_s``, AIRFLOW__TAXIWAY__MIN_EVENT_DELAY_S).
 MIN_EVENT_DELAY_S = 10.0
+
+
+def min_event_delay_s() -> float:
+    from airflow.configuration import conf
+
+    return conf.getfloat("taxiway", "min_event_delay_s", fallback=MIN_EVENT_DELAY_S)
 
 
 class GangTrigger(BaseTrigger):
@@ -65,7 +72,7 @@ class GangTrigger(BaseTrigger):
             result["detail"] += f" (processes killed at cleanup: {killed})"
         if result["state"] != training.SUPERSEDED:
             await self._report()
-        await asyncio.sleep(max(0.0, MIN_EVENT_DELAY_S - (time.monotonic() - started)))
+        await asyncio.sleep(max(0.0, min_event_delay_s() - (time.monotonic() - started)))
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
