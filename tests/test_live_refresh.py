@@ -1,13 +1,17 @@
 """``taxiway_refresh`` on a live Airflow: a batch landed with ``taxiway land`` is announced to the
 api-server as an asset event (the official ``apache-airflow-client``), the scheduler creates the
 refresh run from it, and the run continues the champion into a new champion; a batch landed by
-``taxiway_land`` (another DAG whose outlet is the landing asset) starts the next refresh. With
+``taxiway_land`` (another DAG whose outlet is the landing asset) starts the next refresh, as does the
+README's REST announcement from any other system and the cron (the timetable's next run made due). With
 nothing new, a refresh run skips everything after its plan."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import textwrap
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import pytest
 from live_airflow import wait_for
 from refresh_batches import new_files, register_champion, source
 
-from conftest import TINY, taxiway
+from conftest import BIN, REPO, TINY, taxiway
 
 DAG = "taxiway_refresh"
 
@@ -32,13 +36,6 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry and runs
     champion = register_champion(live.taxiway_home)
 
-    resp = live.trigger(DAG, {})  # nothing landed yet
-    assert resp.status_code == 200, resp.text
-    idle = live.wait_run(DAG, resp.json()["dag_run_id"], timeout_s=300)
-    states = {k: ti["state"] for k, ti in live.task_instances(DAG, idle["dag_run_id"]).items()}
-    assert idle["state"] == "success" and states.pop("plan") == "success" and set(states.values()) == {"skipped"}
-    print(f"nothing new: refresh run {idle['dag_run_id']} took {_seconds(idle):.1f}s, every task after plan skipped")
-
     src = source(tmp_path / "b1", new_files(live.taxiway_home / "demo-data", 0, 24))
     landed = taxiway("land", str(src), "--batch-id", "b1", check=True, env={
         "TAXIWAY_CONFIG": str(TINY), "TAXIWAY_HOME": str(live.taxiway_home), "TAXIWAY_AIRFLOW_URL": live.url,
@@ -51,19 +48,22 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
         return runs[seen] if len(runs) > seen else None
 
     run = wait_for("the scheduler to create a refresh run from the asset event", asset_run, 120, every_s=1)
-    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=600)
+    run = live.wait_run(DAG, run["dag_run_id"], timeout_s=240)
     tis = live.task_instances(DAG, run["dag_run_id"])
     assert run["state"] == "success", {k: ti["state"] for k, ti in tis.items()}
     print(f"refresh run {run['dag_run_id']} (asset triggered) took {_seconds(run):.1f}s")
 
     from pipelines.registry import client
 
-    mv = client().get_model_version_by_alias("taxiway-tiny-gpt", "champion")  # other live tests register too
+    mv = client().get_model_version_by_alias("taxiway-tiny-gpt", "champion")  # the one live test that registers it
     assert mv.tags["taxiway.parent_model"] == champion and f"models:/{mv.name}/{mv.version}" != champion
     assert mv.tags["taxiway.refresh.batches"] == "b1" and mv.tags["airflow.dag_id"] == DAG
     events = live.api.get("/api/v2/assets/events", params={"limit": 10}).json()["asset_events"]
     assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
-    assert json.loads(Path(os.environ["TAXIWAY_HOME"], "refresh", "attempts.json").read_text())
+    # the one attempt on record: b1, tried once against the champion it continued
+    attempted = json.loads(Path(os.environ["TAXIWAY_HOME"], "refresh", "attempts.json").read_text())
+    assert [(key.split(" ")[0], key.split(" ")[2], len(runs)) for key, runs in attempted.items()] == [
+        ("b1", champion, 1)], attempted
 
     # another DAG's outlet: taxiway_land, triggered over REST, lands b2 — b1's files again, so the
     # refresh it starts finds nothing new to train and skips after assemble (quick, and still a run)
@@ -95,3 +95,52 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     assert f"source: {str(outside)!r} is outside the data roots" in log, log[-2000:]
     assert "b3" not in [b.id for b in landing.scan(load_config(TINY).refresh.landing)[0]]
     assert asset_run(2) is None
+
+    # any other system: a batch landed without announcing it (b4, b1's files again), then the README's
+    # REST announcement, verbatim, starts the next refresh (nothing new again: it skips)
+    src = source(tmp_path / "b4", sorted((tmp_path / "b1" / "train").iterdir())[:6])
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith("TAXIWAY_AIRFLOW_")}
+    landed = subprocess.run([str(BIN / "taxiway"), "land", str(src), "--batch-id", "b4"], capture_output=True, text=True,
+                            env={**quiet, "TAXIWAY_CONFIG": str(TINY), "TAXIWAY_HOME": str(live.taxiway_home)}, cwd=REPO)
+    assert landed.returncode == 0 and "announced" not in landed.stdout, landed.stdout + landed.stderr
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", _readme_block("/api/v2/assets/events")], cwd=REPO,
+                         env={**os.environ, "AIRFLOW_URL": live.url, "TOKEN": live.token()},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = live.wait_run(DAG, wait_for("a refresh run from the README's asset event", lambda: asset_run(2), 120,
+                                      every_s=1)["dag_run_id"], timeout_s=300)
+    assert run["state"] == "success", live.task_instances(DAG, run["dag_run_id"])
+
+    # the cron: time travel through the timetable (the run it schedules next becomes due now, as if
+    # the clock had reached it), and the scheduler starts that scheduled run
+    _due_now(live, DAG)
+    scheduled = wait_for("the cron's refresh run", lambda: next(iter(live.api.get(
+        f"/api/v2/dags/{DAG}/dagRuns", params={"run_type": "scheduled"}).json()["dag_runs"]), None), 120, every_s=1)
+    run = live.wait_run(DAG, scheduled["dag_run_id"], timeout_s=300)
+    states = {k: ti["state"] for k, ti in live.task_instances(DAG, run["dag_run_id"]).items()}
+    assert run["state"] == "success" and states.pop("plan") == "success" and set(states.values()) == {"skipped"}, states
+    print(f"nothing new: cron-started refresh run {run['dag_run_id']} took {_seconds(run):.1f}s, every task after "
+          "plan skipped")
+
+
+def _readme_block(holding: str) -> str:
+    """The README's one bash block that holds ``holding``."""
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S) if holding in b]
+    assert len(blocks) == 1, f"the README should hold one bash block with {holding}"
+    return textwrap.dedent(blocks[0])
+
+
+def _due_now(live, dag_id: str) -> None:
+    """The DAG's next scheduled run, as its timetable computed it, due now: the scheduler creates it on
+    its next loop, with the logical date and data interval the timetable gave (nothing else moves)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(live.init["metadata_uri"])
+    try:
+        with engine.begin() as conn:
+            moved = conn.execute(sqlalchemy.text(
+                "UPDATE dag SET next_dagrun_create_after = now() - interval '1 second' "
+                "WHERE dag_id = :dag_id AND next_dagrun IS NOT NULL"), {"dag_id": dag_id}).rowcount
+    finally:
+        engine.dispose()
+    assert moved == 1, f"{dag_id} has no next scheduled run"
