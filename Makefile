@@ -49,10 +49,10 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 # dag.test() end to end, a real MLflow server); `test-live` starts live Airflow deployments (scheduler,
 # triggerer, api-server; LocalExecutor and Celery) and drives a browser. .ci/run runs both.
 test: lint services
-	$(BIN)/pytest -n 3 -m "not live and not browser" --durations=25
+	$(BIN)/pytest -n 3 -m "not live and not browser" --durations=15
 
 test-live: lint browser services
-	$(BIN)/pytest -n 3 -m "live or browser" --durations=25
+	$(BIN)/pytest -n 3 -m "live or browser" --durations=15
 
 # tests/test_live_ui.py drives Debian's chromium with Playwright (never a downloaded browser)
 browser:

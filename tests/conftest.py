@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import time_scale
 
 REPO = Path(__file__).resolve().parents[1]
 _ROOT = Path(tempfile.mkdtemp(prefix="taxiway-test-"))
@@ -38,6 +37,10 @@ os.environ.update({
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
     "TAXIWAY_CONFIG": str(REPO / "configs" / "tiny.yaml"),
+    # the product's own pace, set for dag.test() runs (a live deployment keeps the defaults): a gang's
+    # event never sooner than this after its trigger started (triggers/gang.py), the final checkpoint poked
+    "AIRFLOW__TAXIWAY__MIN_EVENT_DELAY_S": "2",
+    "AIRFLOW__TAXIWAY__CHECKPOINT_POKE_S": "1",
 })
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 sys.path.insert(0, str(REPO / "plugins"))
@@ -105,28 +108,14 @@ def deployment_config(folder: Path, monkeypatch: pytest.MonkeyPatch, body: str) 
     return str(path)
 
 
-def tampered_run(dag, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """``dag.test()`` of the tiny config on a copy of the corpus whose first val file no longer
-    matches the manifest: a run that fails at preflight (for the failure summary and the runs view).
-    Returns the run and the tampered file's name."""
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")
-    data = tmp_path / "data"
-    shutil.copytree(home / "demo-data", data)
-    victim = sorted((data / "val").iterdir())[0]
-    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
-    run = dag.test(run_conf={"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                                           "manifest": str(data / "manifest.jsonl")}})
-    return run, victim.name
-
-
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
-# the longest modules first (pytest --durations=0, 2026-12-02, seconds per module): the live ones (conf 722,
-# cancel 548, Celery 488, refresh 234, sweep 220, UI 113), then the longest others (registry 630, e2e 358,
-# gang 326, refresh DAG 274, FSDP 129, CLI 102, e2e sweep 100), so no long module starts last and runs alone
-LIVE_ORDER = ("test_live_conf.py", "test_live_cancel.py", "test_live_celery.py", "test_live_refresh.py",
-              "test_live_sweep.py", "test_live_ui.py")
-LONG_ORDER = ("test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_trainer_fsdp.py",
-              "test_cli.py", "test_e2e_sweep.py")
+# the longest modules first, so no long module starts last and runs alone (--durations=0 of each tier)
+SPREAD = ("test_live_cancel.py", "test_live_conf.py", "test_live_sweep.py")  # their tests share only live_airflow
+LONGEST_FIRST = ("test_live_celery.py", "test_live_cancel.py::test_a_cancel_while_deferred",
+                 "test_live_conf.py::test_a_transient", "test_live_refresh.py", "test_live_cancel.py",
+                 "test_live_sweep.py::test_a_sweep_over_rest", "test_live_standalone.py", "test_live_ui.py",
+                 "test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_champion_locks.py",
+                 "test_trainer_fsdp.py", "test_cli.py", "test_e2e_sweep.py")  # modules, or module::test prefixes
 
 
 def run_note(dag_id: str, run_id: str) -> str | None:
@@ -139,86 +128,65 @@ def run_note(dag_id: str, run_id: str) -> str | None:
         return session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).note
 
 
-def _rank(item: pytest.Item) -> int:
-    order = LIVE_ORDER + LONG_ORDER
-    return order.index(item.path.name) if item.path.name in order else len(order)
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller measures how slow this machine is (tests/time_scale.py) before any worker
-    starts; the workers inherit the factor through the environment. A factor set by hand wins.
-    Likewise the folder of the session's own PostgreSQL and Redis (tests/services.py), started by
-    the first test that needs one, so that all workers share them."""
+    """The folder of the session's own PostgreSQL, Redis and live Airflow (tests/services.py), made
+    before any xdist worker starts so that all of them share what the first test to need one starts."""
     import services
 
     if not hasattr(config, "workerinput"):
-        if time_scale.ENV not in os.environ:
-            os.environ[time_scale.ENV] = f"{time_scale.measure():.2f}"
         services.session_dir()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"time limits scaled by {time_scale.factor():.2f} ({time_scale.ENV}: this machine against the fast VM)"
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Start the longest chains first when distributed, the live ones last when serial; scale each
-    test's time limit (pytest-timeout's mark, or ``--timeout``) by the machine's factor.
-
-    Under pytest-xdist (``make test`` runs ``-n 3``, scheduled by ``pytest_xdist_make_scheduler``
-    below) each module is a work unit; the live modules are the longest, so they go out first,
-    longest first, each to its own worker, then the longest other modules, and the rest (in random
-    order) fill the workers after them. Run serially, live tests go last instead: their session's
-    Airflow would otherwise idle beside every other test."""
+    """Live tests live in their own modules (the live tier selects them by mark); the longest modules
+    go first. Under pytest-xdist each module is a work unit (``pytest_xdist_make_scheduler``), so the
+    long ones start on their own workers and the rest, in random order, fill the workers after them."""
     for item in items:
         live = item.get_closest_marker("live") is not None
         assert live == item.path.name.startswith(LIVE_MODULES), f"{item.nodeid}: live tests go in {LIVE_MODULES}*.py"
-    distributed = config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
-    items.sort(key=lambda item: ((item.get_closest_marker("live") is not None) != distributed, _rank(item)))
-    default = config.getoption("timeout", None)
-    for item in items:
-        mark = item.get_closest_marker("timeout")
-        limit = mark.args[0] if mark and mark.args else default
-        if limit:
-            item.add_marker(pytest.mark.timeout(time_scale.scaled(float(limit))), append=False)
+    def rank(item: pytest.Item) -> int:
+        name = item.nodeid.rsplit("/", 1)[-1]
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if name.startswith(prefix)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """One work unit per module, so a module's fixtures (trained models, a live deployment) are
-    built once per module; units go out in collection order. A worker's live modules share its
-    session's live Airflow (``live_airflow``); the live Airflow's tests span about 20 minutes of
-    mostly waiting, so spread over workers they no longer make one chain longer than the rest."""
+    """One work unit per module, so a module's fixtures (trained models, the Celery deployment) are
+    built once per module; units go out in collection order. The tests of a live module that uses
+    nothing but the session's shared deployment (``live_airflow``) are units of their own instead:
+    they spend their time waiting on it, and spread over the workers none of them waits behind
+    another."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module.rsplit("/", 1)[-1] in SPREAD else module
 
-    config.option.loadscopereorder = False  # keep the collection order: the live units first
+    config.option.loadscopereorder = False  # keep the collection order: the longest first
     return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
-def live_airflow(tmp_path_factory):
-    """A live Airflow on loopback (tests/live_airflow.py), LocalExecutor on a PostgreSQL database of its
-    own, with the tiny config's corpus, DAG unpaused."""
-    from live_airflow import LiveAirflow
-    from postgres import fresh_db, pg_uri
+def live_airflow():
+    """The live tier's one LocalExecutor deployment (tests/live_airflow.py ``shared_local``), shared by
+    every test and xdist worker of the session: each test works in DAG runs and configs of its own."""
+    from live_airflow import shared_local
 
-    from pipelines.demo_data import write_demo_data
+    live = shared_local(TINY)
+    yield live
+    live.api.close()
 
-    with fresh_db("taxiway_live") as metadata:
-        live = LiveAirflow(tmp_path_factory.mktemp("live"), metadata_uri=pg_uri(metadata),
-                           extra_env={"TAXIWAY_CONFIG": str(TINY)})
-        write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
-        live.start()
-        try:
-            live.wait_dag("taxiway_train")
-            live.unpause("taxiway_train")
-            yield live
-        finally:
-            live.stop()
+
+@pytest.fixture(scope="session")
+def postgres_db():
+    """A database of this worker's session on the session's PostgreSQL (tests/postgres.py), dropped at the end."""
+    from postgres import fresh_db
+
+    with fresh_db() as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

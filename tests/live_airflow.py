@@ -5,7 +5,9 @@ Celery workers fed through Redis with the metadata on PostgreSQL, the production
 go over loopback with a JWT from the simple auth manager: what a user meets, unlike ``dag.test()``
 (triggers inline).
 Each ``LiveAirflow`` owns its AIRFLOW_HOME, TAXIWAY_HOME and ports, and stops every process it
-started by process group.
+started by process group. The live tier's LocalExecutor deployment is one for the whole session, its
+xdist workers included (``shared_local``): started by the first test that needs it, found again by the
+others from its ``state()``, stopped when the session ends (tests/services.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import time_scale
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +48,7 @@ def free_port() -> int:
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5,
              explain: Callable[[], str] | None = None) -> Any:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and what ``explain``
-    says about the state it was stuck in) after ``timeout_s`` on the fast VM, scaled to this one."""
-    timeout_s = time_scale.scaled(timeout_s)
+    says about the state it was stuck in) after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         if value := probe():
@@ -99,17 +99,26 @@ class LiveAirflow:
     """Start with ``start()``, stop with ``stop()``; ``api`` is an authenticated REST client."""
 
     def __init__(self, root: Path, *, metadata_uri: str | None = None, extra_env: dict[str, str] | None = None,
-                 celery: CeleryShape | None = None) -> None:
-        """``metadata_uri``: the LocalExecutor shape's metadata database (a ``CeleryShape`` names its own)."""
+                 celery: CeleryShape | None = None, detached: bool = False, ports: dict[str, int] | None = None,
+                 secrets_: dict[str, str] | None = None) -> None:
+        """``metadata_uri``: the LocalExecutor shape's metadata database (a ``CeleryShape`` names its own).
+        ``detached``: its processes outlive the test process that started them (a session's shared
+        deployment; stopped by ``stop_state``). ``ports`` and ``secrets_``: those of a running one
+        (``state()``), to reach it from another process (``attach``)."""
         if (metadata_uri is None) == (celery is None):
             raise ValueError("name the metadata database: metadata_uri for the LocalExecutor shape, or a CeleryShape")
+        ports = ports or {"api": free_port(), "worker_log": free_port(), "trigger_log": free_port()}
+        secrets_ = secrets_ or {"password": secrets.token_urlsafe(12), "jwt": secrets.token_hex(32)}
+        self.init = {"root": str(root), "metadata_uri": metadata_uri, "extra_env": extra_env or {},
+                     "ports": ports, "secrets": secrets_}
+        self.detached = detached
         self.root = root
         self.home = root / "airflow"
         self.taxiway_home = root / "taxiway"
         self.config_root = root / "configs"  # the deployment's own config files beside the repo's
-        self.port = free_port()
+        self.port = ports["api"]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.password = secrets.token_urlsafe(12)
+        self.password = secrets_["password"]
         self.procs: dict[str, subprocess.Popen] = {}
         self.api: httpx.Client | None = None
         self._watcher: threading.Thread | None = None  # see restarting()
@@ -132,20 +141,20 @@ class LiveAirflow:
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets_["jwt"],
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(ports["worker_log"]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(ports["trigger_log"]),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",  # the DAG file does not change here
-            # a parse that takes 0.3 s on a quiet machine took 20-50 s under make test's load on a slow VM: past
-            # the default timeouts (30 s import, 50 s processor) the DAG drops out and a trigger gets a 404
-            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
-            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-            # a task's calls to the execution API (start, heartbeat, final state) wait 5 s by default: under
-            # make test's load on a slow VM the one api-server answered later, a final state went unreported
-            # and the task was retried (a bad-input failure on its third try)
-            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(time_scale.scaled(30)),
+            # Airflow's own pace, set for tests: a user's cancel reaches a running task at its supervisor's
+            # next heartbeat, a deferred task's trigger at the triggerer's next loop; the defaults (5 s)
+            # only make each test wait longer for the same events
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
             "PYTHONUNBUFFERED": "1",
             # what a deployment gives its workers so failure callbacks can set a run's note (REST)
             "TAXIWAY_AIRFLOW_URL": self.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
@@ -156,6 +165,8 @@ class LiveAirflow:
             **(celery.env() if celery else {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_uri}),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)  # the deployment's own store unless extra_env names one
+        for paced in ("AIRFLOW__TAXIWAY__MIN_EVENT_DELAY_S", "AIRFLOW__TAXIWAY__CHECKPOINT_POKE_S"):
+            self.env.pop(paced, None)  # dag.test()'s pace (conftest); a live deployment keeps the product's
         self.env.update(extra_env or {})
         self.components = [(name, [name], {}) for name in COMPONENTS] + (celery.components() if celery else [])
 
@@ -172,11 +183,22 @@ class LiveAirflow:
         for name, _, _ in self.components:
             self.launch(name)
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
-        # 90 s, not 30: under make test's load (three deployments starting at once on 2 cores) one
-        # api-server left a plain task-instance list unanswered past 30 s; a test's own deadlines bound it
-        self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=time_scale.scaled(90),
+        return self.attach()
+
+    def attach(self) -> LiveAirflow:
+        """The REST client, for the process that started the deployment or another one (``state()``)."""
+        self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=30,
                                    headers={"Authorization": f"Bearer {self.token()}"})
         return self
+
+    def state(self) -> dict[str, Any]:
+        """What another process needs to reach this deployment (``from_state``) or to stop it (``stop_state``)."""
+        return {**self.init, "pids": {name: proc.pid for name, proc in self.procs.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LiveAirflow:
+        return cls(Path(state["root"]), metadata_uri=state["metadata_uri"], extra_env=state["extra_env"],
+                   ports=state["ports"], secrets_=state["secrets"]).attach()
 
     def stop(self, grace_s: float = 20) -> None:
         """SIGTERM every component's process group, SIGKILL what is left after ``grace_s``; then stop
@@ -196,10 +218,7 @@ class LiveAirflow:
                 pass
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-        from pipelines.launch import local
-
-        for gang_json in self.taxiway_home.glob("runs/*/train/gang.json"):
-            local.cleanup(local.Handle.load(gang_json), grace_s=5)
+        stop_gangs(self.taxiway_home)
 
     def launch(self, name: str) -> None:
         """Start component ``name`` (again) in a process group of its own."""
@@ -207,7 +226,8 @@ class LiveAirflow:
         with open(self.log_path(name), "ab") as log:
             self.procs[name] = subprocess.Popen([str(BIN / "airflow"), *argv], env={**self.env, **env}, stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, cwd=self.root, preexec_fn=die_with_parent)
+                                                start_new_session=True, cwd=self.root,
+                                                preexec_fn=None if self.detached else die_with_parent)
 
     @contextlib.contextmanager
     def restarting(self, every_s: float = 1.0) -> Iterator[list[str]]:
@@ -303,7 +323,7 @@ class LiveAirflow:
         resp.raise_for_status()
         return resp.json()
 
-    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 600) -> dict[str, Any]:
+    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 240) -> dict[str, Any]:
         def probe():
             run = self.dag_run(dag_id, run_id)
             return run if run["state"] in TERMINAL else None
@@ -357,6 +377,63 @@ class _RetryingClient(httpx.Client):
         raise AssertionError("unreachable")
 
 
+def stop_gangs(taxiway_home: Path) -> None:
+    """Stop any training gang of this home that a failed test left behind."""
+    from pipelines.launch import local
+
+    for gang_json in taxiway_home.glob("runs/*/*/train/gang.json"):
+        local.cleanup(local.Handle.load(gang_json), grace_s=5)
+
+
+def stop_state(state: dict[str, Any], grace_s: float = 20) -> None:
+    """Stop a detached deployment from its ``state()``: SIGTERM each component's process group,
+    SIGKILL what is left after ``grace_s``, then its gangs."""
+    for pid in state["pids"].values():
+        signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in state["pids"].values()):
+        time.sleep(0.2)
+    for pid in state["pids"].values():
+        signal_group(pid, signal.SIGKILL)
+    stop_gangs(Path(state["root"]) / "taxiway")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def shared_local(tiny: Path) -> LiveAirflow:
+    """The session's one LocalExecutor deployment (metadata on the session's PostgreSQL), with the tiny
+    config's corpus and ``taxiway_train`` unpaused: started by the first process that asks, under the
+    session's lock, and reached from every other (tests/services.py stops it when the session ends).
+    Tests share it as users share one: each works in DAG runs and config files of its own."""
+    import services
+    from postgres import create_db, pg_uri
+
+    def start(folder: Path) -> dict[str, Any]:
+        from pipelines.demo_data import write_demo_data
+
+        name = f"taxiway_live_{secrets.token_hex(6)}"
+        create_db(name)
+        live = LiveAirflow(folder, metadata_uri=pg_uri(name), extra_env={"TAXIWAY_CONFIG": str(tiny)}, detached=True)
+        write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
+        try:
+            live.start()
+            live.wait_dag("taxiway_train")
+            live.unpause("taxiway_train")
+        except BaseException:
+            stop_state(live.state())
+            raise
+        state = live.state()
+        return {**state, "stop": [sys.executable, str(Path(__file__).resolve()), json.dumps(state)]}
+
+    return LiveAirflow.from_state(services.shared("live-airflow", start))
+
+
 def die_with_parent() -> None:
     """A test process killed outright (timeout, ^C) must not leave an Airflow running: PR_SET_PDEATHSIG."""
     import ctypes
@@ -369,3 +446,7 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
+
+
+if __name__ == "__main__":  # the shared deployment's stop command (``shared_local``), run when the session ends
+    stop_state(json.loads(sys.argv[1]))

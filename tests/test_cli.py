@@ -43,37 +43,37 @@ def test_manifest_command_matches_demo_manifest(tmp_path: Path, cli_home):
     assert _last_line(out).read_text() == (data / "manifest.jsonl").read_text()
 
 
-def test_stages_chain_through_one_run_folder(cli_home):
-    pre = taxiway("preflight", "-c", str(TINY), env=cli_home, check=True)
-    report = json.loads(_last_line(pre).read_text())
+def test_run_chains_every_stage_and_each_stage_reruns_on_its_folder(cli_home):
+    """``taxiway run``: all five stages in one run folder; then a stage run again finds its work done
+    (tokenize: the cache, on one process or two; register: the same version), ``summary`` reads the
+    newest registered run and ``schema`` prints the config's JSON schema."""
+    run = taxiway("run", "-c", str(TINY), env=cli_home, check=True)
+    registered = json.loads(_last_line(run).read_text())
+    assert registered["alias"] == "champion"
+    run_dir = _last_line(run).parent
+    report = json.loads((run_dir / "preflight" / "report.json").read_text())
     assert report["passed"] and set(report["checks"]) == {"manifest", "documents", "duplicates", "overlap"}
     assert report["overlap"]["contaminated_fraction"] <= 0.05
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["step"] == 30
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000020", "step-00000030"]
+    assert json.loads((run_dir / "eval" / "report.json").read_text())["passed"]
+    assert (run_dir / "model" / "model.safetensors").exists()
 
     tok = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)
     packed = json.loads(_last_line(tok).read_text())
-    assert packed["splits"]["train"]["windows"] > 0 and packed["dtype"] == "uint16"
-    again = taxiway("tokenize", "-c", str(TINY), env=cli_home, check=True)
-    assert again.stdout.startswith("cache hit")
+    assert tok.stdout.startswith("cache hit") and packed["splits"]["train"]["windows"] > 0 and packed["dtype"] == "uint16"
     # on two processes, three shards (another run folder: the config differs) → the same dataset
     shards = taxiway("tokenize", "-c", str(TINY), "--workers", "2", "-s", "pack.shard_bytes=1000000", env=cli_home,
                      check=True)
     assert shards.stdout.startswith("cache hit") and _last_line(shards) == _last_line(tok)
 
-    tr = taxiway("train", "-c", str(TINY), env=cli_home, check=True)
-    assert _last_line(tr).name == "model.safetensors" and _last_line(tr).exists()
-    run_dir = _last_line(tr).parents[1]
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "succeeded" and status["step"] == 30
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000020", "step-00000030"]
-
-    ev = taxiway("evaluate", "-c", str(TINY), env=cli_home, check=True)
-    assert json.loads(_last_line(ev).read_text())["passed"]
-
-    reg = taxiway("register", "-c", str(TINY), env=cli_home, check=True)
-    first = json.loads(_last_line(reg).read_text())
-    assert first["alias"] == "champion"
     again = json.loads(_last_line(taxiway("register", "-c", str(TINY), env=cli_home, check=True)).read_text())
-    assert again["version"] == first["version"], "re-running register must not create a second version"
+    assert again["version"] == registered["version"], "re-running register must not create a second version"
+    summary = taxiway("summary", env=cli_home, check=True).stdout
+    assert f"version {registered['version']}" in summary and "champion" in summary, summary
+    schema = json.loads(taxiway("schema", check=True).stdout)
+    assert {"data", "train", "compute", "registry", "limits"} <= set(schema["properties"])
 
     # an attempt that died halfway left a run without artifacts: the retry starts that run over
     from pipelines.registry import RUN_KEY_TAG, client

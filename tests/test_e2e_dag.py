@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 from pathlib import Path
 from urllib.parse import quote
 
@@ -121,25 +119,6 @@ def _plain(value: object) -> object:
         return value
 
 
-def test_a_model_that_does_not_beat_the_unigram_floor_is_only_challenger(dag, tmp_path: Path, monkeypatch):
-    """The gate can fail: 5 steps do not learn even token frequencies, so the run ends well (the
-    pipeline worked) but the model is registered as challenger and no champion exists."""
-    from mlflow.exceptions import MlflowException
-
-    from pipelines.registry import client
-
-    unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
-    dr = dag.test(run_conf={"config": unigram, "train": {"steps": 5}})
-    assert str(dr.state) == "success", _states(dr)
-    report, reg = _gate(dr)
-    assert report["baseline"]["floor"] == "unigram" and not report["passed"], report["reason"]
-    c = client()
-    challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
-    assert str(challenger.version) == reg["version"] and challenger.tags["taxiway.eval.passed"] == "false"
-    with pytest.raises(MlflowException, match="alias"):
-        c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
-
-
 def test_invalid_conf_is_refused_before_any_stage(dag):
     from airflow.sdk.exceptions import ParamValidationError
 
@@ -153,91 +132,36 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
 
 
-def test_bad_data_fails_at_the_preflight_gate_from_three_mapped_shards(dag, home: Path, tmp_path: Path, capsys,
-                                                                        monkeypatch):
-    """Preflight as mapped tasks (plan → one scan per shard → gate) on a tampered copy of the corpus
-    cut into 3 shards: the gate fails naming the file, and every check and the report equal, byte
-    for byte, those of one shard per split (``preflight.run``, the CLI's path)."""
-    from pipelines import preflight, stages
+def test_a_model_below_the_floor_is_only_challenger_and_a_run_continues_it_under_fsdp(dag, tmp_path: Path,
+                                                                                     monkeypatch):
+    """The gate can fail: 5 steps do not learn even token frequencies, so the run ends well (the
+    pipeline worked) but the model is registered as challenger and no champion exists. Then
+    ``parent`` through the DAG: the next run continues that version (its weights, optimizer state and
+    step count) with ``train.parallel=fsdp`` on one node of two processes, and is registered with it
+    as its parent."""
+    from mlflow.exceptions import MlflowException
 
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{os.environ['TAXIWAY_DATA_ROOTS']}{os.pathsep}{tmp_path}")  # a second data root
-    data = tmp_path / "data"
-    shutil.copytree(home / "demo-data", data)
-    victim = sorted((data / "val").iterdir())[0]
-    victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
-    conf = {"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                          "manifest": str(data / "manifest.jsonl")},
-            "set": ["preflight.shard_bytes=1500000"]}  # the 160-file corpus: 2 train shards, 1 val
-    dr = dag.test(run_conf=conf)
-    states = _states(dr)
-    assert str(dr.state) == "failed"
-    scans = [ti for ti in dr.get_task_instances() if ti.task_id == "preflight.scan"]
-    assert len(scans) == 3 and {str(ti.state) for ti in scans} == {"success"}
-    assert states["preflight.plan"] == "success" and states["preflight.gate"] == "failed"
-    assert _tries(dr)["preflight.gate"] == 1  # a failed check: no retry
-    assert states["tokenize.pack"] == "upstream_failed"
-    out = capsys.readouterr()
-    tail = (out.out + out.err).splitlines()
-    assert any(f"val/{victim.name}: size" in line for line in tail[-400:]), "problem not in the task log"
+    from pipelines.registry import client
 
-    mapped = _run_dir(dr) / "preflight"
-    cfg = stages.load_run_config(_run_dir(dr))
-    whole = tmp_path / "whole"
-    preflight.run(cfg.model_copy(update={"preflight": cfg.preflight.model_copy(update={"shard_bytes": 1 << 30})}),
-                  whole, workers=1)
-    assert len(json.loads((whole / "preflight" / "shards.json").read_text())["shards"]) == 2
-    for check in ("manifest", "documents", "duplicates", "overlap"):
-        assert (mapped / "checks" / f"{check}.json").read_bytes() == (
-            whole / "preflight" / "checks" / f"{check}.json").read_bytes(), check
-    one, other = (re.sub(r'"created_at": "[^"]*"', "", (folder / "report.json").read_text())
-                  for folder in (mapped, whole / "preflight"))
-    assert one == other
-    assert (mapped / "overlap.png").read_bytes() == (whole / "preflight" / "overlap.png").read_bytes()
+    unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
+    first = dag.test(run_conf={"config": unigram, "train": {"steps": 5}})
+    assert str(first.state) == "success", _states(first)
+    report, reg = _gate(first)
+    assert report["baseline"]["floor"] == "unigram" and not report["passed"], report["reason"]
+    c = client()
+    challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
+    assert str(challenger.version) == reg["version"] and challenger.tags["taxiway.eval.passed"] == "false"
+    with pytest.raises(MlflowException, match="alias"):
+        c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
 
-
-def test_registry_outage_is_retried_until_the_store_is_back(dag, home: Path, tmp_path: Path, monkeypatch):
-    """MLflow's tracking server is down when registration starts: the task fails as a transient
-    failure, Airflow retries it with back-off, and it succeeds once the server is up. The server
-    starts with the test behind a relay that refuses connections until the first try has failed, so
-    the store comes back then, not whenever a loaded machine finishes starting it."""
-    import threading
-    from datetime import UTC, datetime
-
-    from airflow.models import TaskInstance
-    from airflow.utils.session import create_session
-    from live_airflow import free_port, wait_for
-    from mlflow_server import mlflow_server
-    from tcp_relay import Relay
-
-    started = datetime.now(UTC)
-
-    def first_try_failed() -> bool:  # this test's try: the session's Airflow database holds other runs
-        with create_session() as session:
-            return session.query(TaskInstance).filter(TaskInstance.task_id == "register.model_version",
-                                                      TaskInstance.state == "up_for_retry",
-                                                      TaskInstance.start_date >= started).count() > 0
-
-    with mlflow_server(tmp_path / "mlflow") as server:
-        relay = Relay(free_port(), server.port)
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{relay.port}")
-        reopened = threading.Event()
-
-        def bring_the_store_back() -> None:
-            wait_for("registration's first try to fail", first_try_failed, 600, every_s=0.2)
-            relay.open()
-            reopened.set()
-
-        threading.Thread(target=bring_the_store_back, daemon=True).start()
-        try:
-            floor = deployment_config(tmp_path, monkeypatch, "eval:\n  baseline: floor\n")
-            dr = dag.test(run_conf={"config": floor, "registry": {"retries": 1, "retry_backoff_s": 0.1}})
-            assert reopened.is_set(), "registration never failed while the store was down"
-            assert str(dr.state) == "success", _states(dr)
-            tries = _tries(dr)
-            assert tries["register.model_version"] >= 2, tries
-            assert all(n == 1 for t, n in tries.items() if t != "register.model_version"), tries
-            from pipelines.registry import client
-
-            assert client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version
-        finally:
-            relay.close()
+    parent = f"models:/taxiway-tiny-gpt/{reg['version']}"
+    dr = dag.test(run_conf={"config": unigram, "parent": parent, "train": {"steps": 10, "parallel": "fsdp"},
+                            "compute": {"nodes": 1, "procs_per_node": 2}})
+    assert str(dr.state) == "success", _states(dr)
+    events = [json.loads(line) for line in (_run_dir(dr) / "events.jsonl").read_text().splitlines()]
+    loaded = next(e for e in events if e["event"] == "parent_loaded")
+    started = next(e for e in events if e["event"] == "training_started")
+    assert loaded["uri"] == parent and loaded["global_step"] == 5, loaded
+    assert (started["world_size"], started["parallel"], started["step"]) == (2, "fsdp", 5), started
+    mv = c.get_model_version("taxiway-tiny-gpt", _gate(dr)[1]["version"])
+    assert mv.tags["taxiway.parent_model"] == parent

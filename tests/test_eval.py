@@ -238,9 +238,7 @@ def test_bad_model_files_are_named(strong: Path, tmp_path: Path):
 
 
 def test_cli_evaluate_exit_codes(strong: Path, weak: Path, tmp_path: Path):
-    ok = taxiway("evaluate", "-c", str(strong / "config.yaml"), "--run-dir", str(strong))
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.strip().splitlines()[-1] == str(strong / "eval" / "report.json")
+    """A gate that fails exits 1, unreadable weights exit 2 (exit 0: ``taxiway run``, tests/test_cli.py)."""
     gate = taxiway("evaluate", "-c", str(weak / "config.yaml"), "--run-dir", str(weak))
     assert gate.returncode == 1 and "does not beat" in gate.stdout
 

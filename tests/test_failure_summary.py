@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_note, tampered_run
+from conftest import REPO, run_note
 
 
 @pytest.fixture(scope="module")
@@ -18,26 +18,6 @@ def dag(airflow_db, demo_data):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
-
-
-def test_a_tampered_file_is_summarized_in_the_folder_the_log_and_the_note(dag, home: Path, tmp_path: Path, caplog,
-                                                                          monkeypatch):
-    from pipelines.run_folder import RunFolder, run_dir
-
-    dr, victim = tampered_run(dag, home, tmp_path, monkeypatch)
-    assert str(dr.state) == "failed"
-
-    summary = json.loads(RunFolder(run_dir(dr.dag_id, dr.run_id)).failure_summary.read_text())
-    assert summary["run_id"] == dr.run_id and summary["stage"] == "preflight", summary
-    assert summary["task_id"] == "preflight.gate" and summary["kind"] == "check failed"
-    assert f"val/{victim}" in summary["reason"] and "\n" not in summary["reason"], summary["reason"]
-    assert "manifest" in summary["next"] and "trigger a new run" in summary["next"], summary["next"]
-    assert summary["run_folder"] == str(run_dir(dr.dag_id, dr.run_id))
-
-    note = run_note("taxiway_train", dr.run_id)
-    assert note and note.startswith("**Failed at preflight**") and f"val/{victim}" in note, note
-    failure_lines = [r.getMessage() for r in caplog.records if "TAXIWAY FAILURE at preflight" in r.getMessage()]
-    assert failure_lines and f"val/{victim}" in failure_lines[-1] and "next: " in failure_lines[-1]
 
 
 def test_one_line_keeps_a_reports_failing_checks():

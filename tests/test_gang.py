@@ -72,14 +72,16 @@ def test_cancel_saves_a_checkpoint_and_leaves_no_process(packed, tmp_path: Path)
 
     newest = checkpoint.latest_valid(run_dir / "checkpoints")
     assert newest is not None and newest.name == f"step-{status['step']:08d}"
-    codes = {json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes}
-    assert codes <= {143, 1}, codes  # the trainer's cancel code, surfaced by torchrun
+    # the trainer ended it (status 'canceled' above), not the grace's SIGKILL: no node's torchrun died
+    # of a signal (its code would be negative), and every node lived to write its exit file
+    codes = [json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes]
+    assert len(codes) == 2 and all(code >= 0 for code in codes), codes
 
 
 def test_a_trigger_whose_gang_was_replaced_never_touches_the_new_one(packed, tmp_path: Path):
     """A clear lands in an old try's trigger and in the new try at once: the old trigger (its event,
     its cleanup, its ``on_kill``) must stop only its own gang, never the one the new try launched."""
-    from taxiway_airflow.triggers.gang import MIN_EVENT_DELAY_S, GangTrigger
+    from taxiway_airflow.triggers.gang import GangTrigger, min_event_delay_s
 
     run_dir = tmp_path / "replaced"
     old = _launch(packed, run_dir)
@@ -98,9 +100,9 @@ def test_a_trigger_whose_gang_was_replaced_never_touches_the_new_one(packed, tmp
         started = time.monotonic()
         event = asyncio.run(asyncio.wait_for(first_event(), 60))  # bounds a hang, not a speed
         assert event["state"] == "superseded" and new.gang_id in event["detail"], event
-        # never sooner than MIN_EVENT_DELAY_S: Airflow 3.3 fails a resumed task whose trigger fired
+        # never sooner than min_event_delay_s(): Airflow 3.3 fails a resumed task whose trigger fired
         # before the deferring try's exit was processed (apache/airflow#72716)
-        assert time.monotonic() - started >= MIN_EVENT_DELAY_S
+        assert time.monotonic() - started >= min_event_delay_s()
         asyncio.run(trigger.on_kill())
         assert local.cancel_reason(new) is None
         status = _wait_step(run_dir, new, _wait_step(run_dir, new, 1)["step"] + 1)  # still training
@@ -237,16 +239,16 @@ def _kill_then_stop(run_dir: Path, record: dict) -> None:
 
 
 @pytest.mark.e2e
-def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Path, tmp_path: Path, capsys, caplog):
-    """kill -9 one node, later SIGSTOP one: the DAG run still succeeds, restarts = 2, and (deterministic
-    mode) the final weights equal an uninterrupted run's."""
+def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Path, capsys, caplog):
+    """kill -9 one node, later SIGSTOP one: the DAG run still succeeds, restarts = 2, every metric line
+    reaches MLflow once. (That a resume from a checkpoint trains on bitwise as an uninterrupted run
+    does: tests/test_trainer_resume.py.)"""
     from airflow.dag_processing.dagbag import DagBag
-    from safetensors.torch import load_file
 
-    from pipelines import run_folder, stages
+    from pipelines import run_folder
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
-    overrides = {"train": {"steps": 300, "deterministic": True}, "checkpoint": {"every_steps": 10},
+    overrides = {"train": {"steps": 300}, "checkpoint": {"every_steps": 10},
                  "compute": {"stall_timeout_s": 6, "startup_timeout_s": 120, "cancel_grace_s": 5}}
     before = set((home / "runs").glob("*/*"))  # run folders: runs/<dag id>/<run>
     record: dict = {}
@@ -295,14 +297,3 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     history = c.get_metric_history(runs[0].info.run_id, "loss")
     assert sorted(m.step for m in history) == sorted(r["step"] for r in lines if r.get("loss") is not None)
-
-    # The same config trained without interruption ends bitwise identical.
-    cfg = stages.load_run_config(run_dir)
-    reference = tmp_path / "reference"
-    stages.prepare(cfg, reference)
-    (reference / "tokenize").mkdir(parents=True, exist_ok=True)
-    (reference / "tokenize" / "packed.json").write_text((run_dir / "tokenize" / "packed.json").read_text())
-    stages.train(cfg, reference)
-    ours, ref = load_file(run_dir / "model" / "model.safetensors"), load_file(reference / "model" / "model.safetensors")
-    assert ours.keys() == ref.keys()
-    assert all((ours[k] == ref[k]).all() for k in ref)

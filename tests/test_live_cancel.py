@@ -1,22 +1,26 @@
-"""Cancel stops the training gang, whichever way the user cancels and whenever it lands — against a
-live api-server + scheduler + dag-processor + triggerer, where the deferred task's trigger runs in the
-triggerer (``dag.test()`` would run it inline and hide the windows between the two).
+"""Cancel stops the training gang, whenever it lands — against a live api-server + scheduler +
+dag-processor + triggerer, where the deferred task's trigger runs in the triggerer (``dag.test()``
+would run it inline and hide the windows between the two).
 
-Ways: mark the run failed or success, mark the gang task failed or success, clear it (deleting a
-running run is refused by Airflow). Each lands once while the task is deferred (the trigger holds the gang) and once while it is running
-(the worker holds it: the test freezes the task process right after it launched the gang, cancels,
-then lets it go on). After each: the gang's processes are gone within ``compute.cancel_grace_s``,
-every node exited with the trainer's cancel code, and the newest valid checkpoint is at least the
-step the gang had reached. Run-level cancels are undone by clearing the task, so one run serves many.
+A user's action reaches the gang by one of two code paths, whatever the action: while the task is
+deferred, the triggerer calls the trigger's ``on_kill``; while it is running, the supervisor's SIGTERM
+calls the operator's ``on_kill`` (or the task finds itself no longer running before it defers). A
+clear also relaunches. So each path is taken by a state change (mark the run failed; mark the task
+success) and by a clear: four cancels on two runs (the running task is frozen right after it launched
+the gang, canceled, then let go on). Deleting a running run is refused by Airflow itself. After each:
+the gang's processes are gone within ``compute.cancel_grace_s``, the trainer recorded that it honoured
+the SIGTERM at or after the step the gang had reached, and that step's checkpoint is valid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,18 +76,24 @@ class Scenario:
             step = stepping(self.run_dir, handle, 2)
         else:
             step = stepping(self.run_dir, handle, 2)
-            wait_for("the gang task to defer", self.deferred, 180, explain=self.explain)
+            wait_for("the gang task to defer", self.deferred, 60, explain=self.explain)
         return handle, step, frozen
 
     def assert_stopped(self, handle: local.Handle, step: int, way: str, phase: str) -> None:
         """Gone within the grace; 1.5 × grace when the cancel landed after the task deferred but before
-        the triggerer ran the trigger (no on_kill exists yet: the nodes' handoff lease stops them)."""
+        the triggerer ran the trigger (no on_kill exists yet: the nodes' handoff lease stops them). The
+        trainer, not the grace's SIGKILL, ended it: its own ``canceled`` event (rank 0, after this gang
+        started), at a step whose checkpoint is valid; no node's torchrun died of a signal."""
         wait_for(f"gang {handle.gang_id} to stop after '{way}' while {phase}",
                  lambda: not gang_pids(handle.gang_id), 1.5 * GRACE_S + 10, every_s=0.2)
-        codes = {json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes}
-        assert codes <= {143, 1}, (way, phase, codes)  # the trainer's cancel code, as torchrun passes it on
-        newest = checkpoint.latest_valid(self.run_dir / "checkpoints")
-        assert newest is not None and int(newest.name.split("-")[1]) >= step, (way, phase, newest, step)
+        codes = [json.loads(Path(n.exit_file).read_text())["code"] for n in handle.nodes]
+        assert all(code >= 0 for code in codes), (way, phase, codes)  # no torchrun SIGKILLed by the grace
+        events = [json.loads(line) for line in (self.run_dir / "events.jsonl").read_text().splitlines()]
+        canceled = [e for e in events if e["event"] == "canceled" and e["time"] >= handle.started_at]
+        assert len(canceled) == 1 and canceled[0]["reason"] == "SIGTERM", (way, phase, canceled)
+        stopped_at = canceled[0]["step"]
+        assert stopped_at >= step, (way, phase, stopped_at, step)
+        assert checkpoint.latest_valid(self.run_dir / "checkpoints").name == f"step-{stopped_at:08d}", (way, phase)
 
     # the ways -------------------------------------------------------------------------------------
     def cancel(self, way: str) -> None:
@@ -99,36 +109,15 @@ class Scenario:
         assert resp.status_code < 300, (way, resp.status_code, resp.text)
 
     def clear(self):
-        """Clear the gang task and what follows it, and put the run back to running. A scheduler that
-        read the run's task states just before the clear committed may still end the run right after
-        it (seen on PostgreSQL: the run marked failed 1 s after the clear of a failed gang task, the
-        cleared task left without a state in a failed run): such a clear is lost, and is sent again.
-        So is one that Airflow answers with a 5xx (once in CI under load: a plain "Internal Server
-        Error" to the clear after the gang task was marked success, its traceback not kept): the
-        endpoint's transaction rolls back on an error and a clear may be sent twice; the client
-        (``live_airflow``) prints the api-server's traceback into the test's output."""
-        missed = []
-        for _ in range(3):
-            resp = self.live.api.post(f"/api/v2/dags/{DAG}/clearTaskInstances", json={
-                "dry_run": False, "dag_run_id": self.run_id, "task_ids": [GANG], "include_downstream": True,
-                "only_failed": False, "reset_dag_runs": True})
-            if resp.status_code >= 500:
-                missed.append(f"answered {resp.status_code}: {resp.text[:300]}")
-                time.sleep(1)
-                continue
-            if resp.status_code >= 300:
-                return resp
-
-            def outcome() -> str | None:
-                if self.live.dag_run(DAG, self.run_id)["state"] in ("failed", "success"):
-                    return "lost"
-                return "taken" if self.ti()["state"] is not None else None
-
-            if wait_for("the cleared gang task to be taken up", outcome, 120, every_s=0.2,
-                        explain=self.explain) == "taken":
-                return resp
-            missed.append("ended by the scheduler")
-        raise AssertionError(f"three clears of {self.run_id} missed ({'; '.join(missed)}); {self.explain()}")
+        """Clear the gang task and what follows it, and put the run back to running; returns once the
+        scheduler took the cleared task up again."""
+        resp = self.live.api.post(f"/api/v2/dags/{DAG}/clearTaskInstances", json={
+            "dry_run": False, "dag_run_id": self.run_id, "task_ids": [GANG], "include_downstream": True,
+            "only_failed": False, "reset_dag_runs": True})
+        if resp.status_code < 300:
+            wait_for("the cleared gang task to be taken up", lambda: self.ti()["state"] is not None, 120,
+                     every_s=0.2, explain=self.explain)
+        return resp
 
 
 def _trigger(live) -> Scenario:
@@ -143,7 +132,7 @@ def _stays_deferred_while_training(scenario: Scenario, watch_s: float = 2.5 * RE
     the trigger's nor the task's ``on_kill`` and the gang trains on unwatched."""
     handle = new_gang(scenario.run_dir, scenario.gang_id, scenario.explain)
     stepping(scenario.run_dir, handle, 2)
-    wait_for("the gang task to defer", scenario.deferred, 180, explain=scenario.explain)
+    wait_for("the gang task to defer", scenario.deferred, 60, explain=scenario.explain)
     start, t0 = stepping(scenario.run_dir, handle, 2), time.monotonic()
     while time.monotonic() - t0 < watch_s:
         state = scenario.ti()["state"]
@@ -182,42 +171,41 @@ def _delete_is_refused(scenario: Scenario, phase: str, done: list) -> None:
     _cancel_and_check(scenario, "run failed", "deferred", done)
 
 
-def _every_cancel(scenarios: list[Scenario], done: list) -> None:
-    first = scenarios[0]
-    _stays_deferred_while_training(first)
-    for phase in ("deferred", "running"):
-        for way in ("task failed", "task success", "clear", "run failed", "run success"):
-            if (way, phase) == ("clear", "running"):
-                continue  # below, on a fresh run: Airflow retries a task cleared while running after
-                #           its retry delay, which grows with the try number (exponential backoff)
-            _cancel_and_check(first, way, phase, done)
-            if way != "clear":  # clear relaunches by itself; the others are undone by a clear
-                resp = first.clear()
-                assert resp.status_code < 300, resp.text
-    _delete_is_refused(first, "deferred", done)
-    scenarios.append(second := _trigger(first.live))
-    _cancel_and_check(second, "clear", "running", done)
-    _delete_is_refused(second, "running", done)
+@contextlib.contextmanager
+def _one_run(live) -> Iterator[Scenario]:
+    """A run for one test; whatever happens, no gang of it trains on beside the next tests."""
+    scenario = _trigger(live)
+    try:
+        yield scenario
+    except BaseException:
+        if handle := gang_handle(scenario.run_dir):
+            local.cleanup(handle, grace_s=5)
+        raise
+    finally:
+        live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}", json={"state": "failed"})
 
 
 @pytest.mark.live
-def test_every_cancel_stops_the_gang(live_airflow):
-    """5 ways × 2 moments, and twice more after a refused delete: 12 cancels on two runs, each one
-    stops its gang. Deleting a running run is refused by Airflow 3.3 itself (HTTP 409), so it can
-    never leave a gang behind; the test checks that refusal too, in both moments."""
+def test_a_cancel_while_deferred_stops_the_gang(live_airflow):
+    """The trigger's ``on_kill``: by a clear (which relaunches), then by marking the run failed.
+    Deleting the running run in between is refused by Airflow 3.3 itself (HTTP 409), so it can never
+    leave a gang behind."""
     done: list = []
-    scenarios = [_trigger(live_airflow)]
-    try:
-        _every_cancel(scenarios, done)
-    except BaseException:  # whatever failed, no gang of this test trains on beside the next tests
-        for scenario in scenarios:
-            if handle := gang_handle(scenario.run_dir):
-                local.cleanup(handle, grace_s=5)
-        raise
-    finally:
-        for scenario in scenarios:
-            live_airflow.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{scenario.run_id}", json={"state": "failed"})
-    assert len(done) == 12
-    assert {way for way, phase in done if phase == "running"} == {"task failed", "task success", "clear",
-                                                                  "run failed", "run success"}
-    assert not gang_pids(scenarios[1].gang_id)
+    with _one_run(live_airflow) as scenario:
+        _stays_deferred_while_training(scenario)
+        _cancel_and_check(scenario, "clear", "deferred", done)
+        _delete_is_refused(scenario, "deferred", done)
+    assert done == [("clear", "deferred"), ("run failed", "deferred")]
+
+
+@pytest.mark.live
+def test_a_cancel_while_running_stops_the_gang(live_airflow):
+    """The operator's ``on_kill`` (the task frozen right after it launched the gang): by a clear, on a
+    fresh run (Airflow retries a task cleared while running after its retry delay, which grows with
+    the try number), then by marking the relaunched task success."""
+    done: list = []
+    with _one_run(live_airflow) as scenario:
+        _cancel_and_check(scenario, "clear", "running", done)
+        _cancel_and_check(scenario, "task success", "running", done)
+    assert done == [("clear", "running"), ("task success", "running")]
+    assert not gang_pids(scenario.gang_id)

@@ -88,7 +88,7 @@ def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(dep
     def explain() -> str:
         return json.dumps(live.task_instances(DAG, run_id).get("train.gang", {}), default=str)[:2000]
 
-    handle = new_gang(run_dir, None, explain, timeout_s=600)
+    handle = new_gang(run_dir, None, explain, timeout_s=180)
     ti = live.task_instance(DAG, run_id, "train.gang")
     holder = task_process(ti["id"])
     os.kill(holder, signal.SIGSTOP)  # the worker holds the task: it cannot defer now
@@ -106,7 +106,7 @@ def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(dep
     assert set(gang_pids(handle.gang_id)) == nodes  # the gang trains on, its task's holder gone
     killed_at = time.monotonic()
     try:
-        run = live.wait_run(DAG, run_id, timeout_s=600)
+        run = live.wait_run(DAG, run_id, timeout_s=240)
     finally:
         live.launch(worker)
     tis = live.task_instances(DAG, run_id)
@@ -130,6 +130,11 @@ def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(dep
           f"{tis['train.gang']['try_number']}: {outcome}")
 
 
+def _felt(log: bytes) -> bool:
+    """A component's log says PostgreSQL refused or dropped it (psycopg2's own messages)."""
+    return b"not currently accepting connections" in log or b"terminating connection due to administrator" in log
+
+
 def _outage(databases: tuple[str, ...], seconds: float) -> None:
     """PostgreSQL gone for ``seconds``, for these databases only: new connections refused, every
     existing one terminated, again and again; then connections allowed back."""
@@ -151,31 +156,29 @@ def _outage(databases: tuple[str, ...], seconds: float) -> None:
         conn.close()
 
 
-def test_a_run_on_celery_workers_survives_the_database_and_the_tracking_server_going_away(deployment, monkeypatch):
+def test_a_run_on_celery_workers_survives_the_database_going_away(deployment, monkeypatch):
     """One ``taxiway_train`` run, triggered with the official client: its tasks run on the Celery
-    workers and its training wait in the triggerer. PostgreSQL refuses the deployment's databases for
-    10 s while the gang trains (components that exit on it are restarted, as Kubernetes would), then
-    the MLflow server is stopped while the run registers and started again 10 s later. The run
-    succeeds with exactly one version, its alias decided, its live metrics and generation through
-    the tracking server."""
+    workers, its training wait in the triggerer, its metrics and model go through the MLflow tracking
+    server. PostgreSQL refuses the deployment's databases for 10 s while the gang trains: the
+    components feel it, those that exit on it are restarted (as Kubernetes would), and the run
+    succeeds with exactly one version, its alias decided, its live metrics and generation through the
+    tracking server. (A tracking server away while a run registers: tests/test_live_conf.py's
+    transient failure, and the store coming back in tests/test_registry.py.)"""
     live = deployment
     monkeypatch.setenv("MLFLOW_TRACKING_URI", live.mlflow_uri)
     from pipelines.registry import client
 
     run_id = _trigger(live, {"train": {"steps": 200}})
-    wait_for("the gang to train", lambda: live.task_instance(DAG, run_id, "train.gang")["state"] == "deferred", 600)
+    wait_for("the gang to train", lambda: live.task_instance(DAG, run_id, "train.gang")["state"] == "deferred", 240)
+    logs_before = {name: live.log_path(name).stat().st_size for name, _, _ in live.components}
     with live.restarting() as restarted:
         _outage(live.databases, 10)
-        wait_for("registration to start", lambda: live.task_instance(DAG, run_id, "register.model_version")["state"]
-                 in ("running", "success", "failed", "up_for_retry"), 600, every_s=0.1)
-        live.tracking.stop()
-        time.sleep(10)
-        live.tracking.start()
-        run = live.wait_run(DAG, run_id, timeout_s=600)
+        run = live.wait_run(DAG, run_id, timeout_s=240)
     tis = live.task_instances(DAG, run_id)
-    retried = {k: t["try_number"] for k, t in tis.items() if t["try_number"] > 1}
-    print(f"PostgreSQL away 10 s, then MLflow 10 s: run {run['state']}; restarted: {restarted}; retried: {retried}")
     assert run["state"] == "success", {k: (t["state"], t["try_number"]) for k, t in tis.items()}
+    felt = {name for name, _, _ in live.components if _felt(live.log_path(name).read_bytes()[logs_before[name]:])}
+    assert "scheduler" in felt | set(restarted), (felt, restarted)  # the scheduler queries the database every loop
+    print(f"PostgreSQL away 10 s: felt by {sorted(felt)}; restarted: {restarted}")
 
     # every task that ran was executed by a Celery worker (each names the task it executes)
     ran = {k for k, ti in tis.items() if ti["state"] == "success"}
@@ -192,10 +195,7 @@ def test_a_run_on_celery_workers_survives_the_database_and_the_tracking_server_g
     assert any(r["event"] == "Trigger fired event" for r in records)
     assert any(r.get("logger", "").endswith("GangTrigger") and "succeeded step 200/200" in r["event"] for r in records)
 
-    # registration rode out the MLflow outage; one version, alias decided; metrics and generation
-    register = tis["register.model_version"]
-    log = live.task_log(DAG, run_id, "register.model_version", register["try_number"]) or ""
-    assert "MLflow unavailable" in log or register["try_number"] > 1, log[-3000:]
+    # one version, alias decided; metrics and generation through the tracking server
     c = client()
     ours = [v for v in c.search_model_versions(f"name = '{MODEL}'") if v.tags.get("airflow.run_id") == run_id]
     aliases = c.get_model_version(MODEL, ours[0].version).aliases if len(ours) == 1 else None  # search omits them

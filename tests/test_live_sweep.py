@@ -23,11 +23,12 @@ def test_a_sweep_over_rest_trains_its_members_side_by_side_and_registers_the_bes
     live = live_airflow
     live.wait_dag(DAG)
     live.unpause(DAG)
-    resp = live.trigger(DAG, {"sweep": {"train.lr": [0.005, 0.0005]}, "train": {"steps": 10},
+    own = live.deployment_config("sweep", "registry:\n  model_name: live-sweep\n")  # the refresh test's champion is not ours
+    resp = live.trigger(DAG, {"config": own, "sweep": {"train.lr": [0.005, 0.0005]}, "train": {"steps": 10},
                               "checkpoint": {"every_steps": 10}, "compute": {"nodes": 1}})
     assert resp.status_code == 200, resp.text
     run_id = resp.json()["dag_run_id"]
-    end = live.wait_run(DAG, run_id, timeout_s=600)
+    end = live.wait_run(DAG, run_id, timeout_s=240)
     tis = live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 200}).json()
     states = {(t["task_id"], t["map_index"]): t["state"] for t in tis["task_instances"]}
     assert end["state"] == "success", states

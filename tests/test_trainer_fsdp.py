@@ -1,4 +1,4 @@
-"""FSDP2 (``fully_shard``) on CPU/gloo with 2 processes: trains the same model as DDP, writes the same
+"""FSDP2 (``fully_shard``) on CPU/gloo with 2 processes (one node): trains the same model as DDP, writes the same
 full-state checkpoint format, and resumes bitwise after a SIGKILL."""
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from trainer.spec import TrainSpec
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    yield from make_corpus(tmp_path_factory)
+    """World size 2 as one node of two processes: sharding is about ranks, not machines (one torchrun
+    per gang instead of two; 2 nodes over loopback: tests/test_trainer_resume.py)."""
+    for cfg, packed in make_corpus(tmp_path_factory):
+        yield with_overrides(cfg, compute={"nodes": 1, "procs_per_node": 2}), packed
 
 
 def _model(run_dir: Path, step: int = 16) -> dict[str, torch.Tensor]:
