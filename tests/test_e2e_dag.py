@@ -155,7 +155,7 @@ def test_a_model_below_the_floor_is_only_challenger_and_a_run_continues_it_under
         c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
 
     parent = f"models:/taxiway-tiny-gpt/{reg['version']}"
-    dr = dag.test(run_conf={"config": unigram, "parent": parent, "train": {"steps": 10, "parallel": "fsdp"},
+    dr = dag.test(run_conf={"config": unigram, "parent": parent, "train": {"steps": 4, "parallel": "fsdp"},
                             "compute": {"nodes": 1, "procs_per_node": 2}})
     assert str(dr.state) == "success", _states(dr)
     events = [json.loads(line) for line in (_run_dir(dr) / "events.jsonl").read_text().splitlines()]

@@ -27,7 +27,7 @@ from pipelines.run_folder import run_dir as run_folder_of
 pytestmark = pytest.mark.live
 DAG = "taxiway_train"
 MODEL = "taxiway-tiny-gpt"
-STEPS = 160  # the gang trains on while its task is lost; the retry finds it running or done
+STEPS = 100  # the gang trains on while its task is lost; the retry finds it running or done
 
 
 @pytest.fixture(scope="module")
