@@ -52,7 +52,7 @@ test: lint services
 	$(BIN)/pytest -n 3 -m "not live and not browser" --durations=15
 
 test-live: lint browser services
-	$(BIN)/pytest -n 3 -m "live or browser" --durations=15
+	$(BIN)/pytest -n 2 -m "live or browser" --durations=15
 
 # tests/test_live_ui.py drives Debian's chromium with Playwright (never a downloaded browser)
 browser:

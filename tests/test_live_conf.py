@@ -1,7 +1,8 @@
 """What a user meets when triggering ``taxiway_train`` over REST on a live Airflow: conf mistakes and
 out-of-bounds paths are refused with one readable line, before any stage and without echoing a file;
-the README's REST example works verbatim; a transient failure is retried by the scheduler. (Runs on a
-machine loaded past its cores, every task on its first try: bench/celery_load.py's ``retried``.)"""
+the README's REST example works verbatim. (A transient failure retried by the scheduler: the good run
+of tests/test_live_ui.py. Runs on a machine loaded past its cores, every task on its first try:
+bench/celery_load.py's ``retried``.)"""
 
 from __future__ import annotations
 
@@ -132,28 +133,3 @@ def test_readme_rest_example_works_verbatim_on_a_paused_dag(live_airflow):
     wait_for("the README's run to start", lambda: live.task_instances(DAG, new[0]).get("resolve_config", {})
              .get("state") == "success", 120, every_s=1)
     live.api.patch(f"/api/v2/dags/{DAG}/dagRuns/{new[0]}", json={"state": "failed"}).raise_for_status()
-
-
-@pytest.mark.live
-def test_a_transient_failure_is_retried_by_the_scheduler_and_succeeds(live_airflow, monkeypatch):
-    """The champion lock is held elsewhere while a run registers: its first try fails as transient
-    (``LockTimeout``), the scheduler retries it after the back-off, and once the lock is free the run
-    succeeds; no other task is retried."""
-    from pipelines.registry.locks import champion_lock
-
-    live = live_airflow
-    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
-    with champion_lock(None, "live-lock", timeout_s=60):
-        floor = live.deployment_config("floor-lock", "eval:\n  baseline: floor\nregistry:\n  lock_timeout_s: 2\n"
-                                                     "  model_name: live-lock\n")
-        resp = live.trigger(DAG, {"config": floor, "train": {"steps": 5}, "compute": {"nodes": 1}})  # what it needs: a model
-        assert resp.status_code == 200, resp.text
-        run_id = resp.json()["dag_run_id"]
-        wait_for("registration's first try to fail", lambda: live.task_instance(DAG, run_id, "register.model_version")
-                 ["state"] in ("up_for_retry", "failed", "success"), 240, every_s=1)
-    run = live.wait_run(DAG, run_id, timeout_s=300)
-    tis = live.task_instances(DAG, run_id)
-    tries = {k: (ti["state"], ti["try_number"]) for k, ti in tis.items()}
-    assert run["state"] == "success" and tries.pop("register.model_version") == ("success", 2), tries
-    assert set(tries.values()) == {("success", 1)}, tries
-    assert "still locked after 2 s" in _log(live, run_id, "register.model_version", 1)

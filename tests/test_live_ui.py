@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from live_airflow import wait_for
 
 from conftest import REPO
 
@@ -43,15 +44,30 @@ def shots(tmp_path: Path) -> Path:
     return out
 
 
-def test_runs_view_trigger_form_extra_links_and_failure_note_in_a_browser(live_airflow, browser, shots: Path):
+def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, shots: Path, monkeypatch):
+    """Two runs, then the console a user reads them in: the Training runs view, a run's page, the
+    trigger form, the register task's extra links, the failed run's note. The good run's registration
+    first meets the champion lock held elsewhere: its first try fails as transient (``LockTimeout``),
+    the scheduler retries it after the back-off and it succeeds, no other task retried — a retry under
+    a live scheduler, which ``dag.test()`` would run inline. The other run has a typo in its conf."""
+    from pipelines.registry.locks import champion_lock
+
     live = live_airflow
-    own = live.deployment_config("ui", "registry:\n  model_name: live-ui\n")  # the refresh test's champion is not ours
-    good = live.trigger(DAG, {"config": own, "train": {"seed": 11}})
-    bad = live.trigger(DAG, {"trian": {"lr": 0.1}})  # a typo: resolve_config fails, naming it
-    assert good.status_code == bad.status_code == 200, (good.text, bad.text)
-    good_id, bad_id = good.json()["dag_run_id"], bad.json()["dag_run_id"]
-    assert live.wait_run(DAG, good_id, timeout_s=240)["state"] == "success"
-    assert live.wait_run(DAG, bad_id, timeout_s=300)["state"] == "failed"
+    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
+    own = live.deployment_config("ui", "registry:\n  model_name: live-ui\n  lock_timeout_s: 2\n")
+    with champion_lock(None, "live-ui", timeout_s=60):
+        good = live.trigger(DAG, {"config": own, "train": {"seed": 11}})
+        bad = live.trigger(DAG, {"trian": {"lr": 0.1}})  # a typo: resolve_config fails, naming it
+        assert good.status_code == bad.status_code == 200, (good.text, bad.text)
+        good_id, bad_id = good.json()["dag_run_id"], bad.json()["dag_run_id"]
+        wait_for("registration's first try to fail", lambda: live.task_instances(DAG, good_id).get(
+            "register.model_version", {}).get("state") in ("up_for_retry", "failed", "success"), 240, every_s=1)
+    assert live.wait_run(DAG, good_id, timeout_s=120)["state"] == "success"
+    tries = {k: (ti["state"], ti["try_number"]) for k, ti in live.task_instances(DAG, good_id).items()}
+    assert tries.pop("register.model_version") == ("success", 2), tries
+    assert set(tries.values()) == {("success", 1)}, tries
+    assert "still locked after 2 s" in (live.task_log(DAG, good_id, "register.model_version", 1) or "")
+    assert live.wait_run(DAG, bad_id, timeout_s=60)["state"] == "failed"
 
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     page.set_default_timeout(60_000)

@@ -1,0 +1,26 @@
+"""A pytest plugin for bench/test_tiers.py: each test's wall time and CPU (the test process and the
+children it reaped), with its worker and start, appended to ``$TAXIWAY_CPU_LOG`` as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+import pytest
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    cpu, wall, start = _cpu(), time.monotonic(), time.time()
+    yield
+    with open(os.environ["TAXIWAY_CPU_LOG"], "a") as fh:
+        fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu() - cpu, 2),
+                             "wall_s": round(time.monotonic() - wall, 2), "start": start,
+                             "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\n")
