@@ -4,7 +4,7 @@ per module and per test, with the order's seed, into ``bench/results/test_tiers_
 CPU is this process's reaped children (the pytest tree: workers, their subprocesses and the gangs
 they waited for); the live tier's shared deployment is detached and not counted.
 
-    .venv/bin/python bench/test_tiers.py [--tier test|test-live] [--seed N]
+    .venv/bin/python bench/test_tiers.py [--tier test|test-live] [--seed N] [--out FILE] [-- PYTEST ARGS]
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ MARKS = {"test": "not live and not browser", "test-live": "live or browser"}
 WORKERS = {"test": "3", "test-live": "2"}  # as the Makefile runs them
 
 
-def run_tier(tier: str, seed: int) -> dict:
+def run_tier(tier: str, seed: int, extra: list[str]) -> dict:
     log = Path(tempfile.mkdtemp(prefix="tiers-")) / "tests.jsonl"
     env = {**os.environ, "TAXIWAY_CPU_LOG": str(log),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")]))}
     cmd = [str(REPO / ".venv" / "bin" / "pytest"), "-p", "cpu_per_test", "-n", WORKERS[tier], "-m", MARKS[tier],
-           f"--randomly-seed={seed}", "-q", "-p", "no:cacheprovider"]
+           f"--randomly-seed={seed}", "-q", "-p", "no:cacheprovider", *extra]
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -55,10 +55,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tier", choices=sorted(MARKS), action="append")
     ap.add_argument("--seed", type=int, default=random.randrange(2**31))
+    ap.add_argument("--out", type=Path, help="default: bench/results/test_tiers_<commit>.json")
+    ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (a subset, to try this script)")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    figures = {tier: run_tier(tier, args.seed) for tier in args.tier or ["test", "test-live"]}
-    out = REPO / "bench" / "results" / f"test_tiers_{commit}.json"
+    figures = {tier: run_tier(tier, args.seed, args.pytest_args) for tier in args.tier or ["test", "test-live"]}
+    out = args.out or REPO / "bench" / "results" / f"test_tiers_{commit}.json"
     out.write_text(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit,
                                "machine": f"{platform.node()}: {os.cpu_count()} cores", "seed": args.seed,
                                "command": " ".join(sys.argv), "figures": figures}, indent=1) + "\n")
