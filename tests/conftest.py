@@ -84,9 +84,22 @@ def demo_data(session_home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
+    """This worker's Airflow metadata database (SQLite): a copy of one the session migrated once, so
+    that xdist workers do not each run ``airflow db migrate`` (6 CPU-s)."""
+    import services
+    from filelock import FileLock
+
+    migrated = services.session_dir() / "airflow-migrated.db"
+    with FileLock(f"{migrated}.lock"):
+        if not migrated.exists():
+            partial = migrated.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            subprocess.run([str(BIN / "airflow"), "db", "migrate"], check=True, capture_output=True,
+                           env={**os.environ, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{partial}"})
+            partial.rename(migrated)
     airflow_home = Path(os.environ["AIRFLOW_HOME"])
     airflow_home.mkdir(parents=True, exist_ok=True)
-    subprocess.run([str(BIN / "airflow"), "db", "migrate"], check=True, capture_output=True, env=os.environ)
+    shutil.copyfile(migrated, airflow_home / "airflow.db")
     return airflow_home
 
 
@@ -97,6 +110,20 @@ def taxiway(*args: str, check: bool = False, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"taxiway {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The ``taxiway`` CLI run in this process (typer's ``CliRunner``): the same exit code, stdout and
+    stderr as the console script (``taxiway``), without a new interpreter importing torch and MLflow
+    again. Log records go to pytest's ``caplog``, not to stderr."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    result = CliRunner().invoke(app, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["taxiway", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def deployment_config(folder: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, taxiway
+from conftest import TINY, cli, taxiway
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +19,11 @@ def cli_home(tmp_path_factory) -> dict[str, str]:
     proc = taxiway("demo-data", str(home / "demo-data"), "--max-files", "120", env=env, check=True)
     assert proc.stdout.strip().splitlines()[-1].endswith("manifest.jsonl")
     return env
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
 
 
 def _last_line(proc) -> Path:
@@ -68,9 +73,9 @@ def test_run_chains_every_stage_and_each_stage_reruns_on_its_folder(cli_home):
                      check=True)
     assert shards.stdout.startswith("cache hit") and _last_line(shards) == _last_line(tok)
 
-    again = json.loads(_last_line(taxiway("register", "-c", str(TINY), env=cli_home, check=True)).read_text())
+    again = json.loads(_last_line(_ok(cli("register", "-c", str(TINY), env=cli_home))).read_text())
     assert again["version"] == registered["version"], "re-running register must not create a second version"
-    summary = taxiway("summary", env=cli_home, check=True).stdout
+    summary = _ok(cli("summary", env=cli_home)).stdout
     assert f"version {registered['version']}" in summary and "champion" in summary, summary
     schema = json.loads(taxiway("schema", check=True).stdout)
     assert {"data", "train", "compute", "registry", "limits"} <= set(schema["properties"])
@@ -83,8 +88,8 @@ def test_run_chains_every_stage_and_each_stage_reruns_on_its_folder(cli_home):
         c = client()
         exp = c.get_experiment_by_name("taxiway-tiny")
         dead = c.create_run(exp.experiment_id, tags={RUN_KEY_TAG: "crashed-attempt"}).info.run_id
-        retried = json.loads(_last_line(taxiway("register", "-c", str(TINY), "--run-key", "crashed-attempt",
-                                                env=cli_home, check=True)).read_text())
+        retried = json.loads(_last_line(_ok(cli("register", "-c", str(TINY), "--run-key", "crashed-attempt",
+                                                env=cli_home))).read_text())
         assert retried["run_id"] != dead and c.get_run(dead).info.lifecycle_stage == "deleted"
         assert {a.path for a in c.list_artifacts(retried["run_id"], "model")} >= {"model/model.safetensors"}
     finally:
@@ -109,7 +114,7 @@ def test_preflight_gate_fails_with_exit_1(cli_home, tmp_path: Path):
     shutil.copyfile(victim, data / "val" / "leaked.txt")   # contamination, and an unlisted file
     victim.write_text(victim.read_text() + "\n# tampered\n")  # size and hash mismatch
     sets = [f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}"]
-    proc = taxiway("preflight", "-c", str(TINY), *sum((["--set", s] for s in sets), []),
+    proc = cli("preflight", "-c", str(TINY), *sum((["--set", s] for s in sets), []),
                    "--run-dir", str(tmp_path / "run"), env=cli_home)
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "run" / "preflight" / "report.json").read_text())

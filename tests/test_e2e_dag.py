@@ -42,8 +42,13 @@ def _gate(dr) -> tuple[dict, dict]:
             json.loads((run_dir / "registry.json").read_text()))
 
 
-def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag, tmp_path: Path, monkeypatch):
-    """The gate can pass: 300 steps learn more than token frequencies (this test's own, empty registry)."""
+def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_under_fsdp(dag, tmp_path: Path,
+                                                                                          monkeypatch):
+    """The gate can pass: 300 steps learn more than token frequencies (this test's own, empty registry).
+    Then ``parent`` through the DAG: the next run continues that version (its weights, optimizer state
+    and step count) with ``train.parallel=fsdp`` on one node of two processes, is registered with it as
+    its parent, and, its gate failing (the deployment asks for more than 4 steps can gain), ends well
+    as ``challenger`` while the champion stays."""
     from mlflow import MlflowClient
 
     from pipelines.registry import client
@@ -64,6 +69,8 @@ def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag, tmp_path: Pa
     assert report["baseline"]["kind"] == "floor" and report["baseline"]["floor"] == "unigram", report["baseline"]
     assert report["passed"] and report["gate"]["lower_bpb"] > 0, report["gate"]
     run_dir = _run_dir(dr)
+    status = json.loads((run_dir / "status.json").read_text())  # two nodes over loopback, each its share
+    assert status["state"] == "succeeded" and status["tokens_seen"] == 300 * 8 * 32 * 2, status
 
     c: MlflowClient = client()
     mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
@@ -83,6 +90,24 @@ def test_a_model_that_beats_the_unigram_floor_becomes_champion(dag, tmp_path: Pa
         f"taxiway_link_{target}": f"/taxiway/go/{target}/taxiway_train/{quoted}"
         for target in ("model-version", "mlflow-run", "eval-report")}
     assert _links(dr, "train.gang") == {"taxiway_link_mlflow-run": f"/taxiway/go/mlflow-run/taxiway_train/{quoted}"}
+
+    parent = f"models:/taxiway-tiny-gpt/{reg['version']}"
+    strict = tmp_path / "strict.yaml"  # beside the first: the same deployment's config root
+    strict.write_text(f"extends: {TINY}\neval:\n  floor: unigram\n  min_improvement: 50\n")
+    child = dag.test(run_conf={"config": str(strict), "parent": parent, "train": {"steps": 4, "parallel": "fsdp"},
+                               "compute": {"nodes": 1, "procs_per_node": 2}})
+    assert str(child.state) == "success", _states(child)
+    events = [json.loads(line) for line in (_run_dir(child) / "events.jsonl").read_text().splitlines()]
+    loaded = next(e for e in events if e["event"] == "parent_loaded")
+    started = next(e for e in events if e["event"] == "training_started")
+    assert loaded["uri"] == parent and loaded["global_step"] == 300, loaded
+    assert (started["world_size"], started["parallel"], started["step"]) == (2, "fsdp", 300), started
+    report, reg = _gate(child)
+    assert report["baseline"]["version"] == str(mv.version) and not report["passed"], report["reason"]
+    challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
+    assert str(challenger.version) == reg["version"] and challenger.tags["taxiway.eval.passed"] == "false"
+    assert challenger.tags["taxiway.parent_model"] == parent
+    assert str(c.get_model_version_by_alias("taxiway-tiny-gpt", "champion").version) == str(mv.version)
 
 
 def _links(dr, task_id: str) -> dict[str, str]:
@@ -130,38 +155,3 @@ def test_invalid_conf_is_refused_before_any_stage(dag):
     assert str(dr.state) == "failed"
     assert states["resolve_config"] == "failed" and _tries(dr)["resolve_config"] == 1  # bad input: no retry
     assert all(s in ("upstream_failed", "skipped") for t, s in states.items() if t != "resolve_config"), states
-
-
-def test_a_model_below_the_floor_is_only_challenger_and_a_run_continues_it_under_fsdp(dag, tmp_path: Path,
-                                                                                     monkeypatch):
-    """The gate can fail: 5 steps do not learn even token frequencies, so the run ends well (the
-    pipeline worked) but the model is registered as challenger and no champion exists. Then
-    ``parent`` through the DAG: the next run continues that version (its weights, optimizer state and
-    step count) with ``train.parallel=fsdp`` on one node of two processes, and is registered with it
-    as its parent."""
-    from mlflow.exceptions import MlflowException
-
-    from pipelines.registry import client
-
-    unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
-    first = dag.test(run_conf={"config": unigram, "train": {"steps": 5}})
-    assert str(first.state) == "success", _states(first)
-    report, reg = _gate(first)
-    assert report["baseline"]["floor"] == "unigram" and not report["passed"], report["reason"]
-    c = client()
-    challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
-    assert str(challenger.version) == reg["version"] and challenger.tags["taxiway.eval.passed"] == "false"
-    with pytest.raises(MlflowException, match="alias"):
-        c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
-
-    parent = f"models:/taxiway-tiny-gpt/{reg['version']}"
-    dr = dag.test(run_conf={"config": unigram, "parent": parent, "train": {"steps": 4, "parallel": "fsdp"},
-                            "compute": {"nodes": 1, "procs_per_node": 2}})
-    assert str(dr.state) == "success", _states(dr)
-    events = [json.loads(line) for line in (_run_dir(dr) / "events.jsonl").read_text().splitlines()]
-    loaded = next(e for e in events if e["event"] == "parent_loaded")
-    started = next(e for e in events if e["event"] == "training_started")
-    assert loaded["uri"] == parent and loaded["global_step"] == 5, loaded
-    assert (started["world_size"], started["parallel"], started["step"]) == (2, "fsdp", 5), started
-    mv = c.get_model_version("taxiway-tiny-gpt", _gate(dr)[1]["version"])
-    assert mv.tags["taxiway.parent_model"] == parent

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from trained_models import make_run
 
-from conftest import taxiway
+from conftest import cli
 
 
 @pytest.fixture(scope="module")
@@ -239,14 +239,14 @@ def test_bad_model_files_are_named(strong: Path, tmp_path: Path):
 
 def test_cli_evaluate_exit_codes(strong: Path, weak: Path, tmp_path: Path):
     """A gate that fails exits 1, unreadable weights exit 2 (exit 0: ``taxiway run``, tests/test_cli.py)."""
-    gate = taxiway("evaluate", "-c", str(weak / "config.yaml"), "--run-dir", str(weak))
+    gate = cli("evaluate", "-c", str(weak / "config.yaml"), "--run-dir", str(weak))
     assert gate.returncode == 1 and "does not beat" in gate.stdout
 
     broken = tmp_path / "broken"
     shutil.copytree(strong, broken)
     shutil.rmtree(broken / "eval", ignore_errors=True)  # a report only if another test evaluated it first
     (broken / "model" / "model.safetensors").write_bytes(b"\x00" * 16)
-    bad = taxiway("evaluate", "-c", str(broken / "config.yaml"), "--run-dir", str(broken))
+    bad = cli("evaluate", "-c", str(broken / "config.yaml"), "--run-dir", str(broken))
     assert bad.returncode == 2, bad.stderr
     assert f"error: {broken / 'model' / 'model.safetensors'}: unreadable weights" in bad.stderr
     assert not (broken / "eval" / "report.json").exists(), "no report for a model that could not be read"

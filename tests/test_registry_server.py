@@ -18,7 +18,7 @@ import pytest
 from contenders import BARRIER, all_succeed
 from trained_models import clone_run, make_run
 
-from conftest import REPO, taxiway
+from conftest import REPO, cli
 
 pytestmark = pytest.mark.mlflow_server
 
@@ -127,7 +127,7 @@ def test_registration_moves_the_champion_and_generate_loads_it_through_the_serve
     assert c.search_registered_models(f"name LIKE '{name}.%'") == [], "the champion lock was left behind"
     assert c.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"  # runs view
 
-    proc = taxiway("generate", f"models:/{name}@champion", "--prompt", "def ", "--max-new-tokens", "16")
+    proc = cli("generate", f"models:/{name}@champion", "--prompt", "def ", "--max-new-tokens", "16")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ") + 8
     assert (home / "cache" / "models" / f"{name}-v2" / "model.safetensors").is_file()

@@ -71,20 +71,6 @@ def test_corrupt_and_torn_checkpoints_are_skipped(packed, tmp_path: Path, caplog
     assert checkpoint.is_valid(ckpts / "step-00000008") == (True, "ok")
 
 
-def test_two_node_gang_over_loopback(packed, tmp_path: Path):
-    from pipelines.launch import local
-    from pipelines.launch.spec import launch_spec
-
-    cfg, path = packed
-    run_dir = tmp_path / "gang"
-    spec = write_trainer_spec(cfg, run_dir, path)
-    local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
-    log0 = (run_dir / "train" / "logs" / "attempt-1" / "node-0.log").read_text()
-    assert (run_dir / "model" / "model.safetensors").exists()
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "succeeded" and status["tokens_seen"] == 12 * 8 * 32 * 2, log0
-
-
 def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
     from pipelines.launch import local
     from pipelines.launch.spec import launch_spec
