@@ -142,7 +142,7 @@ LONGEST_FIRST = ("test_live_celery.py", "test_live_cancel.py::test_a_cancel_whil
                  "test_live_refresh.py", "test_live_cancel.py", "test_live_sweep.py::test_a_sweep_over_rest",
                  "test_live_standalone.py",
                  "test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_champion_locks.py",
-                 "test_trainer_fsdp.py", "test_cli.py", "test_e2e_sweep.py")  # modules, or module::test prefixes
+                 "test_trainer_fsdp.py", "test_cli.py")  # modules, or module::test prefixes
 
 
 def run_note(dag_id: str, run_id: str) -> str | None:

@@ -6,11 +6,11 @@ store, and ``taxiway generate`` loading a registered model. (The locks: test_cha
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -341,22 +341,30 @@ def test_unreachable_mlflow_fails_clearly_after_retries(models, home: Path, monk
 
 
 def test_store_that_comes_back_is_retried(models, home: Path, monkeypatch, postgres_db, caplog):
-    """The database appears 1.5 s into the registration: the retries carry it through."""
+    """The database is created when the first attempt has failed: the retries carry the registration through."""
     late = f"taxiway_test_late_{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
     run_dir = _run(home, models["medium"], _unique("late"), "run", "registry.retries=8",
                    "registry.retry_backoff_s=0.25", "eval.baseline=floor")
     _evaluate(run_dir)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_uri(late))
-    timer = threading.Timer(1.5, create_db, [late])
-    timer.start()
+
+    class ComesBack(logging.Handler):
+        """Creates the database on the first logged retry: the event the test means, not a clock."""
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retry 1/8" in record.getMessage():
+                create_db(late)
+
+    logger = logging.getLogger("taxiway.registry")
+    logger.addHandler(handler := ComesBack(level=logging.WARNING))
     try:
         with caplog.at_level("WARNING", logger="taxiway.registry"):
             result = _register(run_dir, "late-run")
         assert result["alias"] == "champion"
-        assert any("MLflow unavailable" in r.message and "retry 1/8" in r.message for r in caplog.records)
+        assert [r.getMessage() for r in caplog.records if "MLflow unavailable" in r.getMessage()] \
+            and not any("retry 2/8" in r.getMessage() for r in caplog.records), caplog.text
     finally:
-        timer.join()
+        logger.removeHandler(handler)
         drop_db(late)
 
 

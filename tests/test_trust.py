@@ -161,7 +161,7 @@ def test_every_size_count_and_duration_in_the_schema_has_a_ceiling():
                     walk(v["additionalProperties"], f"{where}.*")
 
     walk(_inline_refs(schema, schema["$defs"]), "")
-    # a rate, not a size, count or duration: a huge one costs a smoke test's seconds (tests/test_e2e_sweep.py)
+    # a rate, not a size, count or duration: a huge one costs a smoke test's seconds (tests/test_live_sweep.py)
     assert unbounded == ["train.lr: no maximum"], unbounded
 
 
