@@ -199,7 +199,7 @@ def _kill_then_stop(run_dir: Path, record: dict) -> None:
 
 
 @pytest.mark.e2e
-def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Path, capsys, caplog):
+def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Path, capsys, caplog, monkeypatch):
     """kill -9 one node, later SIGSTOP one: the DAG run still succeeds, restarts = 2, every metric line
     reaches MLflow once. (That a resume from a checkpoint trains on bitwise as an uninterrupted run
     does: tests/test_trainer_resume.py.)"""
@@ -207,8 +207,12 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
 
     from pipelines import run_folder
 
+    # 60 steps of at least 0.1 s: each attempt runs long enough for the watcher to act on it,
+    # however fast the machine
+    monkeypatch.setenv("TAXIWAY_TEST_SLOW_RANK", "1:0.1")
+
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_train"]
-    overrides = {"train": {"steps": 300}, "checkpoint": {"every_steps": 10},
+    overrides = {"train": {"steps": 60}, "checkpoint": {"every_steps": 10},
                  "compute": {"stall_timeout_s": 6, "startup_timeout_s": 120, "cancel_grace_s": 5}}
     before = set((home / "runs").glob("*/*"))  # run folders: runs/<dag id>/<run>
     record: dict = {}

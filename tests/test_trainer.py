@@ -134,3 +134,18 @@ def test_smoke_passes_in_seconds_and_fails_fast_on_bad_input(packed, tmp_path: P
     bad = cfg.model_copy(update={"model": cfg.model.model_copy(update={"block_size": 8})})  # seq_len 32 > 8
     with pytest.raises(stages.SmokeFailed, match="smoke test failed"):
         stages.smoke(bad, run_dir)
+
+
+def test_status_is_rewritten_four_times_per_stall_window(packed, tmp_path: Path, monkeypatch):
+    """The sensor sees progress only when status.json is rewritten; a 5 s cadence against a 6 s stall
+    window took a loaded machine's slow step for a stall (CI: a fourth gang attempt where three were due)."""
+    from trainer import loop
+
+    cfg, path = packed
+    short = cfg.model_copy(update={"compute": cfg.compute.model_copy(update={"stall_timeout_s": 6})})
+    assert _spec(cfg, path, tmp_path / "default").status_every_s == 5.0
+    cadences = []
+    writer = loop.StatusWriter
+    monkeypatch.setattr(loop, "StatusWriter", lambda *a, **k: cadences.append(k["every_s"]) or writer(*a, **k))
+    assert train(_spec(short, path, tmp_path / "short")) == 0
+    assert cadences == [1.5]

@@ -86,7 +86,7 @@ def train(spec: TrainSpec) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     rank = int(os.environ.get("RANK", 0))
-    status = StatusWriter(spec.paths, t.steps, enabled=rank == 0)
+    status = StatusWriter(spec.paths, t.steps, enabled=rank == 0, every_s=spec.status_every_s)
     status.update(state=State.INITIALIZING, force=True)
     events = Events(spec.paths.events, rank, to_file=rank == 0)
 
@@ -129,7 +129,7 @@ class _Run:
         self.parent_uri = spec.parent.uri if spec.parent else None
         self.saver = Saver(spec.checkpoints, spec.checkpoint.keep_last_n, spec.checkpoint.async_save,
                            pin=ctx.device.type == "cuda",
-                           after_model=hooks.after_model_written)
+                           after_model=hooks.after_model_written, heartbeat_every_s=spec.status_every_s)
 
     # --- setup ------------------------------------------------------------------------------
 

@@ -121,8 +121,9 @@ class Saver:
     """Rank 0's checkpoint writer; other ranks only write their RNG file (see the loop)."""
 
     def __init__(self, root: Path, keep_last_n: int, async_save: bool, pin: bool,
-                 after_model: Callable[[int], None] = lambda step: None) -> None:
+                 after_model: Callable[[int], None] = lambda step: None, heartbeat_every_s: float = 5.0) -> None:
         self.root, self.keep_last_n, self.async_save = root, keep_last_n, async_save
+        self.heartbeat_every_s = heartbeat_every_s
         self.staging = Staging(pin)
         self.after_model = after_model
         self.bytes_written = 0
@@ -173,11 +174,12 @@ class Saver:
         done, self._committed = self._committed, []
         return done
 
-    def wait(self, heartbeat: Callable[[], None] = lambda: None, every_s: float = 5.0) -> None:
-        """Block until the pending write is committed. ``heartbeat`` is called every ``every_s``
+    def wait(self, heartbeat: Callable[[], None] = lambda: None) -> None:
+        """Block until the pending write is committed. ``heartbeat`` is called every ``heartbeat_every_s``
         while bytes are still being written, so a slow write is told from a hung one."""
         if self._pending is None:
             return
+        every_s = self.heartbeat_every_s
         last = self.bytes_written
         while True:
             try:

@@ -78,6 +78,7 @@ class TrainSpec:
     parent: Parent | None = None
     world_size: int | None = None         # processes the config asks for; a different count fails at startup
     cancel_grace_s: float = 25.0          # after SIGTERM, exit within this long even without a checkpoint
+    status_every_s: float = 5.0           # status.json rewritten at least this often: well inside the stall window
 
     @classmethod
     def load(cls, path: str | Path) -> TrainSpec:
@@ -89,7 +90,8 @@ class TrainSpec:
                    config_sha256=raw["config_sha256"], backend=raw.get("backend", "auto"),
                    threads=raw.get("threads", 1),
                    parent=_parent(parent) if parent else None,
-                   world_size=raw.get("world_size"), cancel_grace_s=raw.get("cancel_grace_s", 25.0))
+                   world_size=raw.get("world_size"), cancel_grace_s=raw.get("cancel_grace_s", 25.0),
+                   status_every_s=raw.get("status_every_s", 5.0))
 
     @property
     def checkpoints(self) -> Path:

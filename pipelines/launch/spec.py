@@ -47,6 +47,9 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         "world_size": cfg.compute.nodes * cfg.compute.procs_per_node,
         # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
         "cancel_grace_s": max(1.0, cfg.compute.cancel_grace_s - 5.0),
+        # progress shows in status.json only as often as it is rewritten: four rewrites per stall window,
+        # so a slow step or a late read is never taken for a stall
+        "status_every_s": min(5.0, cfg.compute.stall_timeout_s / 4),
     }
     return fsio.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
 
