@@ -82,10 +82,12 @@ def demo_data(session_home: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def airflow_db() -> Path:
     """This worker's Airflow metadata database (SQLite): a copy of one the session migrated once, so
-    that xdist workers do not each run ``airflow db migrate`` (6 CPU-s)."""
+    that xdist workers do not each run ``airflow db migrate`` (6 CPU-s). In place before the first
+    test: a test that only looks a connection up opens Airflow's engine on the path, and that engine
+    kept seeing an empty database after a later copy ("no such table: task_instance")."""
     import services
     from filelock import FileLock
 
