@@ -43,6 +43,7 @@ def run_tier(tier: str, seed: int, extra: list[str]) -> dict:
         modules[t["test"].split("::")[0]][0] += t["wall_s"]
         modules[t["test"].split("::")[0]][1] += t["cpu_s"]
     return {"command": " ".join(cmd[1:]), "exit": proc.returncode, "summary": proc.stdout.strip().splitlines()[-1:],
+            "failed": [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))],
             "wall_s": round(wall, 1),
             "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1),
             "slowest": sorted(tests, key=lambda t: -t["wall_s"])[:15],
@@ -66,6 +67,7 @@ def main() -> int:
                                "command": " ".join(sys.argv), "figures": figures}, indent=1) + "\n")
     for tier, f in figures.items():
         print(f"{tier}: {f['wall_s']:.0f} s wall, {f['cpu_s'] / 60:.1f} CPU-min, exit {f['exit']}, {f['summary']}")
+        print(*f["failed"], sep="\n")
     print(out)
     return max(f["exit"] for f in figures.values())
 
