@@ -4,7 +4,7 @@ By default glibc serves a block over 128 KiB (at first; the threshold then adapt
 ``mmap`` and returns freed heap tops to the kernel, so every temporary array of a batch lands on
 fresh pages, which the kernel faults in and zeroes page by page. The MinHash kernel makes a dozen
 such temporaries per 256 KiB batch; on the x1 corpus a third of the overlap check's time was those
-page faults (docs/benchmarks.md, "Overlap at x1"). With blocks up to 32 MiB (glibc's ceiling for
+page faults (bench/results/history.md, "Overlap at x1"). With blocks up to 32 MiB (glibc's ceiling for
 the setting) taken from the heap and the heap never trimmed on free, the next batch reuses the
 pages the last one touched. The peak resident size is unchanged (what is kept was in use at the
 peak); a process keeps it until it exits, which data-stage task processes soon do.
