@@ -94,3 +94,14 @@ def test_schema_sections_are_self_contained():
     assert "$ref" not in str(sections)
     assert sections["train"]["properties"]["lr"]["exclusiveMinimum"] == 0.0
     assert sections["train"]["additionalProperties"] is False
+
+
+def test_architecture_page_lists_every_config_section():
+    """docs/architecture.md's RunConfig contract names the sections in the schema's order: a section
+    added to the schema and not to the page (as `refresh` once was) fails here."""
+    import re
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    listed = re.search(r"Sections `([^`]+)`", page)
+    assert listed, "docs/architecture.md: no 'Sections `...`' line in the RunConfig contract"
+    assert [s.strip() for s in listed.group(1).split(",")] == list(RunConfig.model_fields)
