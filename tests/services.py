@@ -63,7 +63,11 @@ def on_free_port(start: Callable[[int], dict | None], tries: int = 3) -> dict:
 
 
 def end(root: str) -> None:
-    """Stop the session's servers and remove its folder."""
-    for state in Path(root).glob("*.json"):
-        subprocess.run(json.loads(state.read_text())["stop"], capture_output=True, timeout=60)
+    """Stop the session's servers and remove its folder. Each server is stopped whatever became of
+    the others: one stop command that fails or hangs must not leave PostgreSQL and Redis running."""
+    for state in sorted(Path(root).glob("*.json")):
+        try:
+            subprocess.run(json.loads(state.read_text())["stop"], capture_output=True, timeout=60)
+        except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+            continue
     shutil.rmtree(root, ignore_errors=True)

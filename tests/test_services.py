@@ -101,3 +101,15 @@ def test_a_session_starts_each_server_once_for_all_its_processes_and_stops_them_
     assert other == [pg_port, redis_port]
     wait_for("the session's watchdog to end it", lambda: not Path(seen["folder"]).exists(), 30, every_s=0.1)
     assert not _answers(pg_port) and not _answers(redis_port)
+
+
+def test_a_stop_command_that_fails_leaves_no_other_server_running(tmp_path: Path):
+    """The session's end stops every server whatever became of another's stop (a stop command whose
+    interpreter is gone raised, and the session's PostgreSQL, Redis and live Airflow ran on)."""
+    root = tmp_path / "session"
+    root.mkdir()
+    stopped = tmp_path / "stopped"
+    (root / "a-gone.json").write_text(json.dumps({"stop": [str(tmp_path / "no-such-python"), "-c", "pass"]}))
+    (root / "b-server.json").write_text(json.dumps({"stop": ["touch", str(stopped)]}))
+    services.end(str(root))
+    assert stopped.exists() and not root.exists()
