@@ -105,3 +105,57 @@ def test_architecture_page_lists_every_config_section():
     listed = re.search(r"Sections `([^`]+)`", page)
     assert listed, "docs/architecture.md: no 'Sections `...`' line in the RunConfig contract"
     assert [s.strip() for s in listed.group(1).split(",")] == list(RunConfig.model_fields)
+
+
+def _kinds(prop: dict) -> set:
+    """What a JSON-schema property holds, bounds and descriptions aside: its types, an enum's values."""
+    return {("enum", *map(str, v["enum"])) if "enum" in v else v.get("type") for v in prop.get("anyOf", [prop])}
+
+
+def test_the_hand_lists_that_follow_the_schema_agree_with_it():
+    """A config field is declared once, in the schema; the lists that cannot be derived from it say the
+    same: the trainer's typed spec (the trainer image has neither pydantic nor the config package, so
+    ``trainer.spec`` lists the train, checkpoint and model fields itself), the trigger form's chosen
+    fields and section titles, and the fields only the deployment sets. Each disagreement is named."""
+    import dataclasses
+    import typing
+
+    from pydantic import TypeAdapter
+
+    from pipelines.config import SECTIONS
+    from pipelines.config.trust import OWNED, owner_reason
+    from taxiway_airflow.form_fields import ALL_FIELDS, SECTION_TITLES
+    from trainer.model import GPTConfig
+    from trainer.spec import CheckpointSettings, TrainSettings
+
+    schemas = section_schemas()
+    problems = []
+    for cls, section, own in ((TrainSettings, "train", ()), (CheckpointSettings, "checkpoint", ()),
+                              (GPTConfig, "model", ("vocab_size",))):  # the vocabulary comes from the tokenizer
+        props, hints = schemas[section]["properties"], typing.get_type_hints(cls)
+        theirs = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in own}
+        where = f"{cls.__module__}.{cls.__name__}"
+        problems += [f"{section}.{n}: in the schema, missing from {where}" for n in props if n not in theirs]
+        problems += [f"{section}.{n}: in {where}, not in the schema" for n in theirs if n not in props]
+        problems += [f"{section}.{n}: {where} types it {theirs[n]}, the schema {sorted(map(str, _kinds(props[n])))}"
+                     for n in props.keys() & theirs.keys()
+                     if _kinds(props[n]) != _kinds(TypeAdapter(theirs[n]).json_schema())]
+    for f in ALL_FIELDS:
+        prop = schemas.get(f.section, {}).get("properties", {}).get(f.leaf)
+        if prop is None:
+            problems.append(f"{f.path}: a trigger-form field (form_fields.GROUPS), not in the schema")
+            continue
+        enum = {str(v) for k in _kinds(prop) if isinstance(k, tuple) for v in k[1:]}
+        if extra := sorted(set(f.values_display) - enum):
+            problems.append(f"{f.path}: the form labels values {extra} the schema's enum does not have")
+        if owner_reason(f.path):
+            problems.append(f"{f.path}: a trigger-form field that only the deployment may set")
+    problems += [f"{s}: a config section without a title in form_fields.SECTION_TITLES"
+                 for s in SECTIONS if s not in SECTION_TITLES]
+    problems += [f"{s}: titled in form_fields.SECTION_TITLES, not a config section"
+                 for s in SECTION_TITLES if s not in SECTIONS]
+    for path in OWNED:
+        section, _, leaf = path.partition(".")
+        if section not in SECTIONS or (leaf and leaf not in schemas[section].get("properties", {})):
+            problems.append(f"{path}: owned by the deployment (pipelines.config.trust.OWNED), not in the schema")
+    assert not problems, "\n".join(problems)

@@ -19,10 +19,6 @@ from pipelines.config.limits import LimitsConfig
 _ALIAS = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"  # an MLflow alias (not v<digits>, which names a version)
 MAX_METRIC_LINES = 1_000_000   # of one run's metrics.jsonl
 MAX_CHECKPOINTS = 100_000      # written by one run (keep_last_n of them kept)
-SECTIONS = (
-    "name", "data", "preflight", "tokenizer", "pack", "model", "train",
-    "checkpoint", "compute", "eval", "registry", "refresh", "limits", "parent",
-)
 
 
 class DataConfig(Section):
@@ -307,3 +303,6 @@ class RunConfig(Section):
     def sha256(self) -> str:
         """Hash of the canonical YAML, the identity recorded in checkpoints and lineage."""
         return hashlib.sha256(self.to_yaml().encode()).hexdigest()
+
+
+SECTIONS: tuple[str, ...] = tuple(RunConfig.model_fields)  # the top-level keys, in order: derived, never listed
