@@ -161,6 +161,29 @@ def test_bad_form_values_are_refused_at_trigger_time_naming_the_field(served):
         check_conf({"set": ["train.lr=1"] * 10_000})
 
 
+
+def test_numbers_msgpack_cannot_carry_are_refused_anywhere_in_a_conf_naming_the_key():
+    """A number outside the signed 64-bit range (PostgreSQL's jsonb stores it, a whole float as an
+    integer; msgpack, which carries the conf to every task, cannot) or a non-finite one, wherever it
+    sits: a section, a list, a form field, a DAG's own key, a ``set`` line's value. The key is named,
+    the number never echoed."""
+    from pipelines.config import ConfigError
+    from taxiway_airflow.params import check_conf
+
+    huge = 2**64
+    check_conf({"train": {"seed": 2**63 - 1}, "model_n_layer": -(2**63), "set": ["train.seed=12"]})  # the edges pass
+    with pytest.raises(ConfigError) as err:
+        check_conf({"train": {"seed": huge}, "compute": {"kubernetes": {"affinity": {"w": [1, -huge - 1]}}},
+                    "model_n_layer": 2**63, "train_lr": float("inf"), "parent": float("nan"), "name": 1e30,
+                    "set": ["train.seed=18446744073709551616", "train.lr=1e400", "train.steps=3"]}, extra_keys=("x",))
+    assert set(err.value.errors) == {"train.seed", "compute.kubernetes.affinity.w[1]", "model_n_layer", "train_lr",
+                                     "parent", "name", "set[0] (train.seed)", "set[1] (train.lr)"}
+    assert "64-bit" in err.value.errors["train.seed"] and "finite" in err.value.errors["train_lr"]
+    assert str(huge) not in str(err.value) and "1844674407" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"x\.y: .*64-bit"):
+        check_conf({"x": {"y": huge}}, extra_keys=("x",))  # a DAG's own key (taxiway_sweep's sweep) too
+
+
 def test_every_dag_and_task_group_says_what_it_does_and_where_outputs_go(served):
     for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep"):
         doc = served[dag_id].doc_md

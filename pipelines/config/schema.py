@@ -102,7 +102,8 @@ class TrainConfig(Section):
     steps: Bounded(10_000_000) = Field(10_000, description="Optimizer steps to train (at most limits.steps)")
     batch_size: Bounded(65_536) = Field(16, description="Sequences per process per micro-step")
     grad_accum: Bounded(4096) = Field(1, description="Micro-steps per optimizer step (gradient accumulation)")
-    lr: float = Field(3e-4, gt=0.0, description="Peak learning rate")  # a rate, not a size: unbounded
+    # a rate: its ceiling keeps it within 64 bits; a diverging one is the smoke test's to catch (test_live_sweep)
+    lr: float = Field(3e-4, gt=0.0, le=1e18, description="Peak learning rate")
     min_lr: float = Field(3e-5, ge=0.0, le=10.0, description="Learning rate at the end of the decay")
     warmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] = Field(100, description="Steps of linear warmup from 0 to lr")
     rewarmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] = Field(

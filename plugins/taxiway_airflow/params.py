@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
 from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
-from pipelines.config.load import MAX_DEPTH
+from pipelines.config.load import MAX_DEPTH, parse_overrides
 from pipelines.config.trust import OWNED, owner_reason
 from pipelines.roots import REPO, Roots
 from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TITLES, FormField
@@ -35,6 +37,7 @@ from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TI
 DIALECT = "http://json-schema.org/draft-07/schema#"
 FIELD_KEYS = tuple(f.key for f in ALL_FIELDS)
 CONF_KEYS = ("config", "set", *SECTIONS, *FIELD_KEYS)
+INT64 = (-(2**63), 2**63 - 1)  # the integers msgpack carries to a task
 MAX_CONF_BYTES = 64 * 1024  # a run's settings as JSON; the whole config of the largest preset is ~5 KiB
 _MISSING = object()
 
@@ -184,10 +187,11 @@ def changed_leaves(value: Any, default: Any) -> Any:
 
 
 def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
-    """Refuse what the params cannot: unknown top-level keys (Airflow accepts any) and a conf too large
-    or too deeply nested to be a run's settings. Values are taken as they are: ``${VAR}`` in a conf is
-    text, never read from the worker's environment (docs/security.md). ``extra_keys``: a DAG's own
-    keys beside the config's (taxiway_sweep's ``sweep``)."""
+    """Refuse what the params cannot: unknown top-level keys (Airflow accepts any), a conf too large
+    or too deeply nested to be a run's settings, and, anywhere in it (``set`` lines' values too), a
+    number msgpack cannot carry to a task, named by its key, never echoed. Values are taken as they
+    are: ``${VAR}`` in a conf is text, never read from the worker's environment (docs/security.md).
+    ``extra_keys``: a DAG's own keys beside the config's (taxiway_sweep's ``sweep``)."""
     expected = (f"expected config, set, a config section ({', '.join(SECTIONS)}) or a form field "
                 f"(section_field, e.g. {FIELD_KEYS[0]}, train_lr)")
     errors = {str(k)[:80]: "not a conf key" + suggest(str(k), CONF_KEYS) + f"; {expected}"
@@ -196,8 +200,33 @@ def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
         errors["conf"] = f"larger than {MAX_CONF_BYTES // 1024} KiB as JSON"
     if (deepest := max((_depth(v) for v in conf.values()), default=0)) > MAX_DEPTH:
         errors["conf"] = f"nested {deepest} levels deep; at most {MAX_DEPTH}"
+    else:
+        errors |= {path: why for key, value in conf.items() for path, why in _bad_numbers(value, str(key)[:80])}
+        lines = conf.get("set")
+        if isinstance(lines, list) and all(isinstance(line, str) for line in lines):
+            try:
+                pairs = parse_overrides(lines, "set")
+            except ConfigError:
+                pairs = []  # the first task names what is wrong with the lines
+            errors |= {f"set[{i}] ({key[:80]})": why for i, (key, value) in enumerate(pairs)
+                       for _, why in _bad_numbers(value, key)}
     if errors:
         raise ConfigError(errors, "conf")
+
+
+def _bad_numbers(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """(path, reason) of each number under ``value`` that msgpack cannot carry: PostgreSQL's jsonb keeps any
+    integer, and a whole float as one; msgpack, which sends a run's conf to each task, fails beyond 64 bits."""
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            yield from _bad_numbers(sub, f"{path}.{str(key)[:80]}")
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            yield from _bad_numbers(sub, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path, "not a finite number"
+    elif isinstance(value, int | float) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        yield path, "a number outside the signed 64-bit range (-2**63 to 2**63-1)"  # jsonb keeps 1e30 as an integer
 
 
 def _depth(value: Any) -> int:
