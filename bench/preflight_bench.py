@@ -117,8 +117,10 @@ def _shingle_strings(text: str) -> set[bytes]:
 
 def run_taxiway(data: Path, workers: int) -> dict:
     from pipelines.config import load_config
+    from pipelines.heap import set_policy
     from pipelines.preflight.overlap import check_overlap
 
+    set_policy()  # as the process running the stage does (taxiway's main, a task's start)
     cfg = load_config(REPO / "configs" / "tiny.yaml", [
         f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
         f"preflight.num_perm={NUM_PERM}", f"preflight.shingle_words={SHINGLE}", f"preflight.overlap_jaccard={THRESHOLD}"])

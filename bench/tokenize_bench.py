@@ -114,7 +114,9 @@ def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
 
     from pipelines import tokenize
     from pipelines.config import load_config
+    from pipelines.heap import set_policy
 
+    set_policy()  # as the process running the stage does (taxiway's main, a task's start)
     cfg = load_config(REPO / "configs" / "tiny.yaml", [
         f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
         f"tokenizer.path={tok_path}", f"pack.seq_len={SEQ_LEN}", f"model.block_size={SEQ_LEN}"])

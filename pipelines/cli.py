@@ -21,6 +21,7 @@ import typer
 from pipelines import run_folder
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import BadInput, CheckFailed, kind_of
+from pipelines.heap import set_policy
 from pipelines.run_folder import RunFolder
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -292,6 +293,7 @@ def schema() -> None:
 
 
 def main() -> None:
+    set_policy()  # glibc's allocator policy, once for the process and its forked workers (pipelines/heap.py)
     logging.Formatter.converter = time.gmtime
     logging.basicConfig(level=logging.INFO, format="%(asctime)sZ %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%dT%H:%M:%S")

@@ -27,8 +27,6 @@ from typing import TypeVar
 
 import numpy as np
 
-from pipelines.heap import retain_freed_memory
-
 T = TypeVar("T")
 _U64 = np.uint64
 _MIX1, _MIX2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
@@ -67,7 +65,6 @@ def batch_shingles(texts: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray]:
     """
     if not texts:
         return np.empty(0, np.uint32), np.empty(0, np.int64)
-    retain_freed_memory()  # a batch's temporaries reuse the last batch's pages instead of faulting in fresh ones
     # every document is preceded by a NUL (not a word byte) and 8 NULs pad the end
     arr = _lower(np.frombuffer(b"\x00" + b"\x00".join(texts) + b"\x00" * 8, dtype=np.uint8))
     word = _word_bytes(arr)

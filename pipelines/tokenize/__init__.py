@@ -129,7 +129,6 @@ def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = m
     the result is ``link`` (default ``tokenize/packed.json``). Groups the shard tasks encoded
     (``shards.py``) are cache hits here, so after them this only packs."""
     started = time.perf_counter()
-    allocator.bound()
     data = inputs(cfg, splits)
     tok_path, tok_sha, tok, dtype, groups = data.tok_path, data.tok_sha, data.tok, data.dtype, data.groups
     key = hashlib.sha256(json.dumps([

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from pipelines.errors import kind_of
+from pipelines.heap import set_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,10 +39,12 @@ def failure_kinds() -> Iterator[None]:
 
 
 def translated(fn: F) -> F:
-    """``fn`` with ``failure_kinds`` around it (for task callables and operator methods)."""
+    """``fn`` with ``failure_kinds`` around it (for task callables and operator methods), in a process
+    whose allocator policy is set (``pipelines/heap.py``: once, as the task process's first Taxiway code)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        set_policy()
         with failure_kinds():
             return fn(*args, **kwargs)
 
