@@ -83,12 +83,27 @@ class Roots:
                 return _real(candidate)
         raise OutOfBounds(f"config {name!r}: no such file in the config roots ({self.describe_configs()})")
 
+    def config_name(self, path: str | Path) -> str:
+        """How a trigger names the config file ``path``: relative to the repo, else to a config root (the
+        shortest name ``config_file`` resolves back to it), so the form shows no folder of this machine;
+        the full path only when every shorter name leads to another file."""
+        real = _real(path)
+        for base in (REPO, *sorted(self.configs, key=lambda r: -len(r.parts))):
+            if real.is_relative_to(base):
+                name = str(real.relative_to(base))
+                try:
+                    if self.config_file(name) == real:
+                        return name
+                except OutOfBounds:
+                    pass
+        return str(real)
+
     def config_files(self) -> list[str]:
-        """Every config file in the roots, repo ones relative to the repo: the trigger form's choices."""
+        """Every config file in the roots, each as ``config_name`` names it: the trigger form's choices."""
         found = []
         for root in self.configs:
             for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
-                found.append(str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path))
+                found.append(self.config_name(path))
         return list(dict.fromkeys(found))
 
     def describe_configs(self) -> str:

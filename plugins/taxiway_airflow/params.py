@@ -142,12 +142,12 @@ def build_params() -> dict[str, Any]:
     """The trigger form: run-level fields first (the form's open section), then ``form_fields``'s
     sections, then each config section's remaining fields as JSON, less the fields only the
     deployment sets (a section wholly the deployment's is not offered at all)."""
-    path = default_config_path()
+    path, roots = default_config_path(), Roots.from_env()
     defaults = form_defaults(path)
     schemas = section_schemas()
     params: dict[str, Any] = {
-        "config": param(path, type="string", pattern=r"\.ya?ml$", title="Config file",
-                        examples=Roots.from_env().config_files(),
+        "config": param(roots.config_name(path), type="string", pattern=r"\.ya?ml$", title="Config file",
+                        examples=roots.config_files(),
                         description="YAML run config from this deployment's config roots (pick one or type a path "
                                     "inside them); every field below overlays it where it differs from its default"),
         "name": param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
