@@ -40,7 +40,7 @@ def build(home: Path, config: Path) -> Path:
     from pipelines.demo_data import write_demo_data
 
     write_demo_data(home / "demo-data", seed=0)
-    return tokenize.run(load_config(config)).path
+    return tokenize.pack_splits(load_config(config)).path
 
 
 def _model(config: Path, packed: Path):

@@ -44,7 +44,7 @@ def setup(root: Path):
     cfg = load_config(REPO / "configs" / "tiny.yaml", [
         f"data.train={root / 'train'}", f"data.val={root / 'val'}", f"data.manifest={root / 'manifest.jsonl'}",
         "tokenizer.vocab_size=280", "train.steps=1000000", "checkpoint.every_steps=5"])
-    return cfg, tokenize.run(cfg).path
+    return cfg, tokenize.pack_splits(cfg).path
 
 
 def launch(cfg, packed: Path, run_dir: Path):

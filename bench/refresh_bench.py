@@ -66,14 +66,16 @@ def _timed(out: dict, name: str, fn):
 
 def _pipeline(cfg, run_dir: Path, key: str, out: dict, prefix: str) -> dict:
     from pipelines import stages
+    from pipelines.refresh.plan import RefreshPlan
 
-    stages.prepare(cfg, run_dir)
-    report = _timed(out, f"{prefix}.preflight", lambda: stages.preflight(cfg, run_dir))
+    stages.prepare.prepare(cfg, run_dir)
+    refresh = RefreshPlan.of_run(run_dir)  # None for the base and the retrain
+    report = _timed(out, f"{prefix}.preflight", lambda: stages.preflight.run(cfg, run_dir))
     assert report.passed, report.summary()
-    _timed(out, f"{prefix}.tokenize", lambda: stages.tokenize(cfg, run_dir))
-    _timed(out, f"{prefix}.train", lambda: stages.train(cfg, run_dir))
-    ev = _timed(out, f"{prefix}.evaluate", lambda: stages.evaluate(cfg, run_dir))
-    return {**_timed(out, f"{prefix}.register", lambda: stages.register(cfg, run_dir, key)), "passed": ev["passed"],
+    _timed(out, f"{prefix}.tokenize", lambda: stages.tokenize.reduce(cfg, run_dir, refresh))
+    _timed(out, f"{prefix}.train", lambda: stages.train.run(cfg, run_dir))
+    ev = _timed(out, f"{prefix}.evaluate", lambda: stages.evaluate.run(cfg, run_dir, refresh=refresh))
+    return {**_timed(out, f"{prefix}.register", lambda: stages.register.run(cfg, run_dir, key, refresh=refresh)), "passed": ev["passed"],
             "reason": ev["reason"]}
 
 
@@ -81,8 +83,7 @@ def one(home: Path) -> dict:
     """One repeat in this process (``TAXIWAY_HOME`` = ``home``)."""
     from pipelines import stages
     from pipelines.config import load_config
-    from pipelines.refresh import landing, plan
-    from pipelines.refresh.assemble import assemble
+    from pipelines.refresh import landing
 
     out: dict = {}
     full, base, batch = _split(home)
@@ -99,10 +100,10 @@ def one(home: Path) -> dict:
     started = time.perf_counter()
     landed = _timed(out, "refresh.land", lambda: landing.land(batch, base_cfg.refresh.landing, "b1"))
     run_dir = home / "runs" / "refresh"
-    decision = _timed(out, "refresh.plan", lambda: plan.decide(base_cfg, run_dir, "refresh"))
+    decision = _timed(out, "refresh.plan", lambda: stages.refresh.plan(base_cfg, run_dir, "refresh"))
     cfg = decision.config
-    stages.prepare(cfg, run_dir)
-    summary = _timed(out, "refresh.assemble", lambda: assemble(cfg, run_dir))
+    stages.prepare.prepare(cfg, run_dir)
+    summary = _timed(out, "refresh.assemble", lambda: stages.refresh.assemble(run_dir))
     refresh = _pipeline(cfg, run_dir, "refresh", out, "refresh")
     out["refresh.wall"] = round(time.perf_counter() - started, 3)
     out["data_seconds"] = {"retrain": out["retrain.preflight"] + out["retrain.tokenize"],

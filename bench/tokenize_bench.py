@@ -121,10 +121,10 @@ def run_taxiway(data: Path, tok_path: Path, home: Path) -> dict:
         f"data.train={data / 'train'}", f"data.val={data / 'val'}", f"data.manifest={data / 'manifest.jsonl'}",
         f"tokenizer.path={tok_path}", f"pack.seq_len={SEQ_LEN}", f"model.block_size={SEQ_LEN}"])
     t = time.perf_counter()
-    cold = tokenize.run(cfg)
+    cold = tokenize.pack_splits(cfg)
     cold_s = time.perf_counter() - t
     t = time.perf_counter()
-    warm = tokenize.run(cfg)
+    warm = tokenize.pack_splits(cfg)
     warm_s = time.perf_counter() - t
     assert not cold.cache_hit and warm.cache_hit
     peak = harness.peak_mib()  # before the checksums below

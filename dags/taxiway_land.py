@@ -14,9 +14,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 
-from taxiway_airflow import tasks
+from taxiway_airflow.landing_asset import landing_asset
 from taxiway_airflow.params import default_config_path, form_defaults, param
-from taxiway_airflow.refresh import landing_asset
+from taxiway_airflow.tasks.land import land_batch
 
 landing = form_defaults(default_config_path())["refresh"]["landing"]
 
@@ -36,5 +36,5 @@ with DAG(
     tags=["taxiway", "data", "refresh"],
     doc_md=__doc__,
 ) as dag:
-    tasks.land_batch.override(task_id="land", outlets=[landing_asset(landing)])(
+    land_batch.override(task_id="land", outlets=[landing_asset(landing)])(
         "{{ params.source }}", "{{ params.batch_id or '' }}")

@@ -19,9 +19,10 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from taxiway_airflow import failure_summary, pipeline, tasks
+from taxiway_airflow import failure_summary, stage_groups
+from taxiway_airflow.landing_asset import landing_asset
 from taxiway_airflow.params import build_params, default_config_path, form_defaults
-from taxiway_airflow.refresh import landing_asset
+from taxiway_airflow.tasks import refresh as tasks
 
 refresh = form_defaults(default_config_path())["refresh"]
 
@@ -40,5 +41,5 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     run = tasks.refresh_plan.override(task_id="plan")()
-    first, _ = pipeline.stages(run)
+    first, _ = stage_groups.all_stages(run)
     tasks.assemble(run) >> first

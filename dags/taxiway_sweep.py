@@ -24,8 +24,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 
-from taxiway_airflow import failure_summary, pipeline, sweep_pipeline, sweep_tasks
+from taxiway_airflow import failure_summary, stage_groups, sweep_groups
 from taxiway_airflow.params import build_params, sweep_param
+from taxiway_airflow.tasks import sweep as sweep_tasks
 
 with DAG(
     dag_id="taxiway_sweep",
@@ -41,7 +42,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     run = sweep_tasks.resolve_sweep.override(task_id="resolve_config")()
-    first, tokenized = pipeline.data_stages(run)
-    members, _ = sweep_pipeline.sweep_stages(run)
+    first, tokenized = stage_groups.data_stages(run)
+    members, _ = sweep_groups.sweep_stages(run)
     run >> first
     tokenized >> members

@@ -11,7 +11,7 @@ model version (alias `champion` only on a passed gate).
 
 **Outputs**: the run folder `$TAXIWAY_HOME/runs/<dag id>/<run id>-<hash>/`, and MLflow: experiment = the config's
 `name`, registered model = `registry.model_name`. Wiring only: task bodies live in
-`taxiway_airflow.tasks`.
+`taxiway_airflow.tasks.train`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 
-from taxiway_airflow import failure_summary, pipeline, tasks
+from taxiway_airflow import failure_summary, stage_groups
 from taxiway_airflow.params import build_params
+from taxiway_airflow.tasks import train as tasks
 
 with DAG(
     dag_id="taxiway_train",
@@ -36,5 +37,5 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     run = tasks.resolve_config()
-    first, _ = pipeline.stages(run)
+    first, _ = stage_groups.all_stages(run)
     run >> first

@@ -13,16 +13,17 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import typer
 
-from pipelines import run_folder
+from pipelines import run_folder, stages
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import BadInput, CheckFailed, kind_of
 from pipelines.heap import set_policy
 from pipelines.run_folder import RunFolder
+from pipelines.stages.prepare import prepare
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Taxiway: raw text to an evaluated, registered language model.")
@@ -40,11 +41,9 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def _setup(config: Path, overrides: list[str] | None, run_dir: Path | None) -> tuple[RunConfig, Path]:
-    from pipelines import stages
-
     cfg = load_config(config, overrides or [])
     folder = (run_dir or run_folder.named_run_dir(f"{cfg.name}-{cfg.sha256()[:12]}")).resolve()
-    stages.prepare(cfg, folder)
+    prepare(cfg, folder)
     return cfg, folder
 
 
@@ -94,10 +93,8 @@ def preflight(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
                   min=1, help="Processes scanning the shards (default: preflight.workers, else all cores)")] = None,
               ) -> None:
     """Check the data against its manifest and for train/val overlap; exit 1 when the gate fails."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
-    report = stages.preflight(cfg, folder, workers)
+    report = stages.preflight.run(cfg, folder, workers)
     typer.echo(report.summary())
     typer.echo(RunFolder(folder).preflight_report)
     if not report.passed:
@@ -111,10 +108,8 @@ def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
                  min=1, help="Encode the shards (pack.shard_bytes each) on N one-thread processes, then pack, "
                              "as the DAG's mapped tasks do (default: one process on every core)")] = None) -> None:
     """Train the tokenizer and pack both splits (reused from the cache when inputs are unchanged)."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
-    packed = stages.tokenize(cfg, folder) if workers is None else stages.tokenize_on(cfg, folder, workers)
+    packed = stages.tokenize.run(cfg, folder, workers)
     stats = packed.manifest()
     typer.echo(f"{'cache hit' if packed.cache_hit else 'packed'}: "
                + ", ".join(f"{s}: {v['windows']} windows, {v['tokens']} tokens" for s, v in stats["splits"].items()))
@@ -125,30 +120,24 @@ def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
 @_guard
 def train(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
     """Train as a local gang of compute.nodes torchrun nodes; resumes from the newest valid checkpoint."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
     started = time.monotonic()
-    model_dir = stages.train(cfg, folder, on_poll=_progress(folder))
-    typer.echo(stages.progress_line(folder, time.monotonic() - started))
+    model_dir = stages.train.run(cfg, folder, on_poll=_progress(folder))
+    typer.echo(stages.train.progress_line(folder, time.monotonic() - started))
     typer.echo(model_dir / "model.safetensors")
 
 
 def _progress(folder: Path):
     """Progress lines on stderr while the gang trains."""
-    from pipelines import stages
-
-    return stages.progress_ticker(folder, lambda line: typer.echo(line, err=True))
+    return stages.train.progress_ticker(folder, lambda line: typer.echo(line, err=True))
 
 
 @app.command()
 @_guard
 def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
     """Score the trained model against the baseline; exit 1 when the gate fails."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
-    report = stages.evaluate(cfg, folder)
+    report = stages.evaluate.run(cfg, folder)
     typer.echo(report["reason"])
     typer.echo(RunFolder(folder).eval_report)
     if not report["passed"]:
@@ -160,10 +149,8 @@ def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -
 def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
              run_key: Annotated[str | None, typer.Option(help="Idempotency key (default: run folder name)")] = None) -> None:
     """Log the run to MLflow and register the model; alias champion only if the gate passed."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
-    result = stages.register(cfg, folder, run_key or folder.name)
+    result = stages.register.run(cfg, folder, run_key or folder.name)
     typer.echo(json.dumps(result))
     typer.echo(RunFolder(folder).registry_record)
 
@@ -172,18 +159,16 @@ def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
 @_guard
 def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
     """All five stages in order, without Airflow."""
-    from pipelines import stages
-
     cfg, folder = _setup(config, set, run_dir)
-    report = stages.preflight(cfg, folder)
+    report = stages.preflight.run(cfg, folder)
     typer.echo(report.summary())
     if not report.passed:
         raise _fail("preflight gate failed", EXIT_GATE)
-    stages.tokenize(cfg, folder)
-    stages.train(cfg, folder, on_poll=_progress(folder))
-    stages.evaluate(cfg, folder)
-    stages.register(cfg, folder, folder.name)
-    typer.echo(stages.summary(folder))
+    stages.tokenize.run(cfg, folder)
+    stages.train.run(cfg, folder, on_poll=_progress(folder))
+    stages.evaluate.run(cfg, folder)
+    stages.register.run(cfg, folder, folder.name)
+    typer.echo(stages.register.summary(folder))
     typer.echo(RunFolder(folder).registry_record)
 
 
@@ -191,15 +176,13 @@ def run(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> Non
 @_guard
 def summary(run_dir: Annotated[Path | None, typer.Argument(help="Run folder (default: newest registered run)")] = None) -> None:
     """Print what a run produced: model version, alias, validation loss vs baseline."""
-    from pipelines import stages
-
     if run_dir is None:
         done = sorted((f for f in run_folder.run_folders() if f.registry_record.exists()),
                       key=lambda f: f.registry_record.stat().st_mtime)
         if not done:
             raise _fail(f"no registered run under {run_folder.runs_root()}", EXIT_INPUT)
         run_dir = done[-1].root
-    typer.echo(stages.summary(run_dir))
+    typer.echo(stages.register.summary(run_dir))
 
 
 @app.command()
@@ -211,19 +194,8 @@ def generate(model: Annotated[str, typer.Argument(help="models:/NAME@ALIAS, mode
              top_k: Annotated[int, typer.Option(min=0, help="0 = all tokens")] = 40,
              seed: int = 0, device: str = "auto") -> None:
     """Continue each prompt with a registered model: weights and tokenizer come from MLflow."""
-    from eval.generate import complete
-    from eval.model_files import load_model, resolve_device
-    from pipelines import registry
-    from pipelines.config import TokenizerConfig
-    from pipelines.tokenize import bpe
-
-    folder, sha256 = registry.fetch_model(model)
-    model_obj, _ = load_model(folder, resolve_device(device), sha256)
-    eos = TokenizerConfig().eos_token
-    tok = bpe.load(folder / "tokenizer.json", eos)
-    for i, text in enumerate(prompt):
-        typer.echo(complete(model_obj, tok, text, max_new_tokens, temperature, top_k or None, seed + i,
-                            tok.token_to_id(eos), resolve_device(device)))
+    for text in stages.evaluate.continuations(model, prompt, max_new_tokens, temperature, top_k or None, seed, device):
+        typer.echo(text)
 
 
 @app.command("render-k8s")
@@ -236,16 +208,11 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
 
     Nothing is written and no cluster is contacted: pipe it to ``kubectl apply --dry-run=server -f -``.
     """
-    from pathlib import PurePosixPath
-
-    from pipelines.launch import k8s
-    from pipelines.launch.spec import launch_spec
-
     cfg = load_config(config, [*(set or []), *([f"compute.nodes={nodes}"] if nodes else [])])
     run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
     pod_run_dir = run_folder.named_run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
-    command = launch_spec(cfg, pod_run_dir, RunFolder(pod_run_dir).trainer_spec).trainer_args()
-    typer.echo(k8s.to_yaml(k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)), nl=False)
+    gang = stages.train.render_kubernetes(cfg, pod_run_dir, run_id, try_number)
+    typer.echo(stages.train.kubernetes_yaml(gang), nl=False)
 
 
 @app.command()

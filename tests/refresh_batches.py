@@ -39,8 +39,8 @@ def register_champion(home: Path, trained: Path | None = None) -> str:
         make_run(home, "base", CHAMPION_STEPS, preflight=True)
     else:
         shutil.copytree(trained, run_dir, symlinks=True)
-    cfg = stages.load_run_config(run_dir)
-    assert stages.evaluate(cfg, run_dir)["passed"]
-    registered = stages.register(cfg, run_dir, "base")
+    cfg = stages.prepare.load_run_config(run_dir)
+    assert stages.evaluate.run(cfg, run_dir)["passed"]
+    registered = stages.register.run(cfg, run_dir, "base")
     assert registered["alias"] == "champion", registered
     return registered["uri"]

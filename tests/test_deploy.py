@@ -110,7 +110,7 @@ def launch_requests(k8s_run: dict[str, str], fake_kube: FakeKube) -> list[tuple[
     from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
     from taxiway_airflow.operators.kubernetes import GangJob
-    from taxiway_airflow.tasks import create_service, delete_everything
+    from taxiway_airflow.tasks.kubernetes import create_service, delete_everything
 
     fake_kube.run_pods = False
     job_1 = k8s.names(RUN_ID, 1)[0]

@@ -15,7 +15,7 @@ import torch
 from trainer_corpus import events, make_corpus, one_rank_spec, status, write_corpus
 
 from conftest import TINY
-from pipelines import disk, stages, training
+from pipelines import disk, stages
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import CheckFailed, kind_of
 from pipelines.run_folder import RunFolder
@@ -75,11 +75,11 @@ def test_estimate_is_within_a_fifth_of_a_real_tiny_checkpoint(tmp_path: Path):
 def test_training_is_refused_before_launch_when_its_checkpoints_do_not_fit(tmp_path: Path, small_disk):
     cfg = load_config(TINY, write_corpus(tmp_path / "data"))  # keep_last_n 2: three checkpoints at the peak
     run = small_disk(tmp_path / "run", 2 * disk.checkpoint_bytes(cfg))
-    stages.prepare(cfg, run)
-    stages.tokenize(cfg, run)
+    stages.prepare.prepare(cfg, run)
+    stages.tokenize.reduce(cfg, run)
 
     with pytest.raises(disk.DiskFull) as caught:
-        training.submit(cfg, run)
+        stages.train.submit(cfg, run)
     message = str(caught.value)
     assert str(RunFolder(run).checkpoints) in message
     assert "3 checkpoints" in message and "checkpoint.keep_last_n=2" in message and "is free" in message

@@ -16,7 +16,8 @@ def _cases():
     from pipelines.manifest import ManifestError
     from pipelines.registry import ChampionMissing, LockTimeout, ModelNotFound, RegistryUnavailable
     from pipelines.roots import OutOfBounds
-    from pipelines.stages import SmokeFailed, StageInputError
+    from pipelines.stages.prepare import StageInputError
+    from pipelines.stages.train import SmokeFailed
     from pipelines.storage import StorageError
     from pipelines.tokenize.bpe import TokenizerError
 

@@ -30,7 +30,7 @@ def weak(session_home: Path, demo_data) -> Path:
 
 
 def _cfg(run_dir: Path):
-    from pipelines.stages import load_run_config
+    from pipelines.stages.prepare import load_run_config
 
     return load_run_config(run_dir)
 
@@ -161,11 +161,11 @@ def test_documents_pair_models_with_different_tokenizers(strong: Path, home: Pat
 def test_evaluate_stage_passes_a_good_model_and_fails_a_weak_one(strong: Path, weak: Path):
     from pipelines import stages
 
-    good = stages.evaluate(_cfg(strong), strong)
+    good = stages.evaluate.run(_cfg(strong), strong)
     assert good["passed"] and good["baseline"]["kind"] == "floor" and good["baseline"]["floor"] == "unigram"
     assert good["gate"]["lower_bpb"] > 0 and good["gate"]["unit"] == "sequence" and good["gate"]["units"] == 128
     assert good["summary"].startswith("No baseline (eval.baseline=floor): compared against the unigram floor")
-    bad = stages.evaluate(_cfg(weak), weak)
+    bad = stages.evaluate.run(_cfg(weak), weak)
     assert not bad["passed"] and bad["improvement_bpb"] < 0 and "does not beat unigram floor" in bad["reason"]
 
     folder = strong / "eval"
@@ -180,7 +180,7 @@ def test_evaluate_stage_passes_a_good_model_and_fails_a_weak_one(strong: Path, w
     assert [g["prompt"] for g in gens] == ["def ", "import ", "class "]
     assert all(g["text"].startswith(g["prompt"]) and len(g["text"]) > len(g["prompt"]) for g in gens)
 
-    again = stages.evaluate(_cfg(strong), strong)  # deterministic, generations included
+    again = stages.evaluate.run(_cfg(strong), strong)  # deterministic, generations included
     assert {k: v for k, v in again.items() if k != "created_at"} == {k: v for k, v in good.items() if k != "created_at"}
 
 

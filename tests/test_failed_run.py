@@ -81,8 +81,9 @@ def test_the_gate_fails_from_three_mapped_shards_as_from_one_shard_per_split(fai
     """Preflight as mapped tasks (plan → one scan per shard → gate): the gate fails naming the file, is
     not retried, and every check and the report equal, byte for byte, those of one shard per split
     (``preflight.run``, the CLI's path)."""
-    from pipelines import preflight, stages
+    from pipelines import stages
     from pipelines.run_folder import run_dir
+    from pipelines.stages import preflight
 
     dr = failed.run
     states = _states(dr)
@@ -96,7 +97,7 @@ def test_the_gate_fails_from_three_mapped_shards_as_from_one_shard_per_split(fai
 
     folder = run_dir(dr.dag_id, dr.run_id)
     mapped = folder / "preflight"
-    cfg = stages.load_run_config(folder)
+    cfg = stages.prepare.load_run_config(folder)
     whole = tmp_path / "whole"
     preflight.run(cfg.model_copy(update={"preflight": cfg.preflight.model_copy(update={"shard_bytes": 1 << 30})}),
                   whole, workers=1)

@@ -29,7 +29,7 @@ def packed(tmp_path_factory):
     cfg = load_config(TINY, [*write_corpus(root), "train.steps=100000", "checkpoint.every_steps=5"])
     from pipelines import tokenize
 
-    return cfg, tokenize.run(cfg).path
+    return cfg, tokenize.pack_splits(cfg).path
 
 
 def _launch(packed, run_dir: Path) -> local.Handle:
@@ -140,7 +140,7 @@ def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed,
 
     cfg, path = packed
     run_dir = tmp_path / "reattach"
-    stages.prepare(cfg, run_dir)
+    stages.prepare.prepare(cfg, run_dir)
     from trainer import fsio
 
     fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})

@@ -347,20 +347,20 @@ def test_trigger_round_trips_through_serialization():
 def test_run_folder_must_be_on_the_pods_volume(tmp_path: Path):
     from pipelines import stages
     from pipelines.errors import BadInput
-    from taxiway_airflow.operators.kubernetes import render_for_run
+    from taxiway_airflow.tasks.kubernetes import render_for_run
 
     cfg = load_config(TINY, [*BASE, "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={tmp_path}"])
-    stages.prepare(cfg, tmp_path / "runs" / "r1")
+    stages.prepare.prepare(cfg, tmp_path / "runs" / "r1")
     _, gang = render_for_run({"run_dir": str(tmp_path / "runs" / "r1")}, "r1", 1)
     assert gang.pod_spec["containers"][0]["args"][-1] == str(tmp_path / "runs" / "r1" / "train" / "spec.json")
 
     elsewhere = load_config(TINY, [*BASE, "compute.launcher=kubernetes"])  # mount_path /taxiway
-    stages.prepare(elsewhere, tmp_path / "runs" / "r2")
+    stages.prepare.prepare(elsewhere, tmp_path / "runs" / "r2")
     with pytest.raises(BadInput, match="not under compute.kubernetes.mount_path"):
         render_for_run({"run_dir": str(tmp_path / "runs" / "r2")}, "r2", 1)
 
     local = load_config(TINY, BASE)
-    stages.prepare(local, tmp_path / "runs" / "r3")
+    stages.prepare.prepare(local, tmp_path / "runs" / "r3")
     with pytest.raises(BadInput, match="compute.launcher is 'local'"):
         render_for_run({"run_dir": str(tmp_path / "runs" / "r3")}, "r3", 1)
 
@@ -738,8 +738,8 @@ def k8s_run(home: Path):
                              "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}",
                              "compute.kubernetes.connection_id=taxiway_fake_k8s"])
     run_dir = home / "runs" / "k8s-run"
-    stages.prepare(cfg, run_dir)
-    packed = tokenize.run(cfg).path
+    stages.prepare.prepare(cfg, run_dir)
+    packed = tokenize.pack_splits(cfg).path
     fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
     return {"run_dir": str(run_dir)}
 
@@ -749,7 +749,7 @@ def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str
     from airflow.sdk.exceptions import TaskDeferred
 
     from taxiway_airflow.operators.kubernetes import GangJob
-    from taxiway_airflow.tasks import create_service
+    from taxiway_airflow.tasks.kubernetes import create_service
     from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
     job_1, service = k8s.names(RUN_ID, 1)
@@ -787,7 +787,7 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
     from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
     from taxiway_airflow.operators.kubernetes import GangJob
-    from taxiway_airflow.tasks import create_service, delete_everything
+    from taxiway_airflow.tasks.kubernetes import create_service, delete_everything
 
     fake_kube.run_pods = False  # the test decides how each Job ends
     job_1, service = k8s.names(RUN_ID, 1)

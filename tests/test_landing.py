@@ -152,15 +152,15 @@ def test_the_ledger_plans_new_batches_and_drops_resent_ones(tmp_path: Path):
     zone = tmp_path / "landing"
     b1, b2 = _batches(zone, tmp_path, "b1", "b2")
     resent = landing.land(tmp_path / "src-b1", zone, batch_id="b1-again")  # the same files under another id
-    plan = Ledger().plan(landing.complete_batches(zone))
+    plan = Ledger().triage(landing.complete_batches(zone))
     assert [b.id for b in plan.new] == ["b1", "b2"] and [(b.id, twin) for b, twin in plan.resent] == [("b1-again", "b1")]
     ledger = Ledger().extended(plan.new, "3")
     assert [b["id"] for b in ledger.batches] == ["b1", "b2"] and {b["version"] for b in ledger.batches} == {"3"}
     assert Ledger.from_json(ledger.to_json().encode(), "x") == ledger
-    again = ledger.plan(landing.complete_batches(zone))
+    again = ledger.triage(landing.complete_batches(zone))
     assert again.new == [] and [b.id for b, _ in again.resent] == ["b1-again"]
     assert "b1-again dropped: same manifest as already trained batch b1" in again.summary()
-    relanded = Ledger(({**b2.ref(), "manifest_sha256": "0" * 64, "version": "2"},)).plan([b2])
+    relanded = Ledger(({**b2.ref(), "manifest_sha256": "0" * 64, "version": "2"},)).triage([b2])
     assert relanded.new == [] and relanded.changed == [b2] and "b2 skipped: trained before" in relanded.summary()
     assert resent.manifest_sha256 == b1.manifest_sha256 != b2.manifest_sha256
 
@@ -199,7 +199,7 @@ def test_what_is_new_is_decided_against_the_champions_ledger(tmp_path: Path):
     from pipelines import registry
     from pipelines.config import load_config
     from pipelines.refresh import ledger as ledgers
-    from pipelines.refresh.plan import decide
+    from pipelines.stages.refresh import plan as decide
 
     zone = tmp_path / "landing"
     b1, b2 = _batches(zone, tmp_path, "b1", "b2")

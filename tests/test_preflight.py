@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
-from pipelines import manifest, preflight
+from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.documents import DocumentError
 from pipelines.manifest import ManifestError
+from pipelines.preflight.report import CHECK_NAMES
+from pipelines.stages import preflight
 from pipelines.storage import StorageError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
@@ -352,7 +354,7 @@ def _mixed(data: Path) -> Path:
 
 def _outputs(run_dir: Path) -> dict[str, bytes]:
     folder = run_dir / "preflight"
-    out = {name: (folder / "checks" / f"{name}.json").read_bytes() for name in preflight.CHECK_NAMES}
+    out = {name: (folder / "checks" / f"{name}.json").read_bytes() for name in CHECK_NAMES}
     out["report.json"] = re.sub(rb'"created_at": "[^"]*"', b"", (folder / "report.json").read_bytes())
     out["overlap.png"] = (folder / "overlap.png").read_bytes()
     return out

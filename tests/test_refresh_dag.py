@@ -64,8 +64,8 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
                                                            tmp_path: Path):
     from pipelines import stages
     from pipelines.config import load_config
-    from pipelines.refresh import plan as refresh_plan
     from pipelines.refresh.assemble import assemble
+    from pipelines.refresh.plan import RefreshPlan
     from pipelines.registry import client
     from pipelines.run_folder import Cache, run_dir
 
@@ -130,13 +130,13 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     shutil.copyfile(tmp_path / "b1" / "train" / "f005.py.txt", src / "train" / "again.py.txt")
     _land(home, src, "b3")
     b3 = tmp_path / "plan-b3"
-    decision = refresh_plan.decide(load_config(TINY), b3, "plan-b3")  # as the plan task does
+    decision = stages.refresh.plan(load_config(TINY), b3, "plan-b3")  # as the plan task does
     assert decision.config.parent == "models:/taxiway-tiny-gpt/2"
-    assert refresh_plan.decide(load_config(TINY), b3, "plan-b3") == decision  # decided once per run
+    assert stages.refresh.plan(load_config(TINY), b3, "plan-b3") == decision  # decided once per run
     assert "b5 dropped: every train document repeats trained data" in decision.reason
     assert str(client().get_model_version_by_alias("taxiway-tiny-gpt", "champion").version) == "2"
-    stages.prepare(decision.config, b3)
-    (batch,) = assemble(decision.config, b3)["batches"]
+    stages.prepare.prepare(decision.config, b3)
+    (batch,) = assemble(decision.config, b3, RefreshPlan.load(b3))["batches"]
     assert [d["document"] for d in batch["dropped_documents"]] == ["b3/train/again.py.txt"], batch
     assert batch["dropped_documents"][0]["repeats"] == "b1:train/f005.py.txt"
     # a held-out (val/) document that repeats a trained one is not used to judge the refresh
@@ -146,15 +146,15 @@ def test_a_refresh_continues_the_champion_on_new_data_only(refresh_dag, champion
     shutil.copyfile(new_files(demo_data, 50, 1)[0], src / "val" / "unseen.py.txt")
     _land(home, src, "b4")
     b4 = tmp_path / "plan-b4"
-    decision_b4 = refresh_plan.decide(load_config(TINY), b4, "plan-b4")
-    assert "b3 held back" in decision_b4.reason and [b["id"] for b in refresh_plan.read(b4)["new"]] == ["b4"]
-    (batch,) = assemble(decision_b4.config, b4)["batches"]
+    decision_b4 = stages.refresh.plan(load_config(TINY), b4, "plan-b4")
+    assert "b3 held back" in decision_b4.reason and [b.id for b in RefreshPlan.load(b4).new] == ["b4"]
+    (batch,) = assemble(decision_b4.config, b4, RefreshPlan.load(b4))["batches"]
     assert [(d["document"], d["repeats"]) for d in batch["held_out_dropped"]] == [
         ("b4/val/seen.py.txt", "b1:train/f005.py.txt")], batch
     assert sorted(p.name for p in (b4 / "refresh" / "data" / "fresh" / "b4" / "val").iterdir()) == ["unseen.py.txt"]
     # its replay draws on the base corpus and on b1 and b2 as version 2 packed them: all from the cache
     before = set(tokens.iterdir())
-    replay = stages.tokenize(decision.config, b3).manifest()["stats"]["replay"]
+    replay = stages.tokenize.reduce(decision.config, b3, RefreshPlan.load(b3)).manifest()["stats"]["replay"]
     assert replay["groups_reused"] == replay["groups"] and replay["groups_left_out"] == 0, replay
     for entry in set(tokens.iterdir()) - before:
         files = json.loads((entry / "meta.json").read_text())["files"]
@@ -191,8 +191,8 @@ def test_a_refresh_decontaminates_and_stays_challenger_once_the_champion_left_it
     (removed, or moved to another version) by registration it stays ``challenger``."""
     from pipelines import stages
     from pipelines.config import load_config
-    from pipelines.refresh import plan as refresh_plan
     from pipelines.refresh.assemble import assemble
+    from pipelines.refresh.plan import RefreshPlan
     from pipelines.registry import client
 
     leaked = sorted((demo_data / "val").iterdir())[0]
@@ -200,30 +200,31 @@ def test_a_refresh_decontaminates_and_stays_challenger_once_the_champion_left_it
     shutil.copyfile(leaked, src / "train" / "leak.py.txt")
     _land(home, src, "leak")
     run = tmp_path / "run"
-    cfg = refresh_plan.decide(load_config(TINY, ["preflight.action=decontaminate"]), run, "leak-run").config
-    stages.prepare(cfg, run)
-    assemble(cfg, run)
-    gate = stages.preflight(cfg, run)
+    cfg = stages.refresh.plan(load_config(TINY, ["preflight.action=decontaminate"]), run, "leak-run").config
+    stages.prepare.prepare(cfg, run)
+    plan = RefreshPlan.load(run)
+    assemble(cfg, run, plan)
+    gate = stages.preflight.run(cfg, run)
     dropped = gate.decontamination["dropped"]
     assert gate.passed and len(dropped) == 1 and leaked.name in dropped[0], gate.decontamination
-    stages.tokenize(cfg, run)
-    stages.train(cfg, run)
+    stages.tokenize.reduce(cfg, run, plan)
+    stages.train.run(cfg, run)
     (loaded,) = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
                  if e["event"] == "parent_loaded"]
     assert loaded["optimizer_state"] is None  # version 1 was trained in-process: no full checkpoint anywhere
-    report = stages.evaluate(cfg, run)
+    report = stages.evaluate.run(cfg, run, refresh=plan)
     assert report["baseline"]["kind"] == "parent" and report["baseline"]["uri"] == champion
     assert report["passed"], report["reason"]
 
     c, name = client(), "taxiway-tiny-gpt"
     c.delete_registered_model_alias(name, "champion")
-    result = stages.register(cfg, run, "leak-run")
+    result = stages.register.run(cfg, run, "leak-run", refresh=plan)
     assert result["alias"] == "challenger", result
     assert f"continues {champion}, but no version holds the champion alias now" in result["reason"]
     v1 = c.get_model_version(name, "1")
     other = c.create_model_version(name, v1.source, run_id=v1.run_id)
     c.set_registered_model_alias(name, "champion", other.version)
-    result = stages.register(cfg, run, "leak-run")
+    result = stages.register.run(cfg, run, "leak-run", refresh=plan)
     assert result["alias"] == "challenger" and f"models:/{name}/{other.version} holds the champion alias" in result["reason"]
     assert str(c.get_model_version_by_alias(name, "champion").version) == str(other.version)
     ledger = json.loads(Path(c.download_artifacts(result["run_id"], "refresh/ledger.json", str(tmp_path / "l"))).read_text())
@@ -233,10 +234,10 @@ def test_a_refresh_decontaminates_and_stays_challenger_once_the_champion_left_it
     from trainer import checkpoint
 
     child = cfg.model_copy(update={"parent": f"models:/{name}/{result['version']}"})
-    weights = stages.parent_weights(child, tmp_path / "child")
-    assert stages.parent_checkpoint(child, weights) == RunFolder(run).checkpoints / "step-00000190"
+    weights = stages.parent.weights(child, tmp_path / "child")
+    assert stages.parent.checkpoint(child, weights) == RunFolder(run).checkpoints / "step-00000190"
     shutil.rmtree(RunFolder(run).checkpoints)
-    logged = stages.parent_checkpoint(child, weights)
+    logged = stages.parent.checkpoint(child, weights)
     assert logged == weights.with_name(f"{weights.name}-checkpoint") and checkpoint.is_valid(logged) == (True, "ok")
     trained_on = c.get_run(v1.run_id).data.params  # the lineage's corpus, as the champion's run logged it
     assert ledger["base"] == {**{k: trained_on[f"data.{k}"] for k in ("train", "val", "manifest")}, "format": None}

@@ -50,13 +50,13 @@ def _run(home: Path, src: Path, model_name: str, label: str, *extra: str) -> Pat
 def _evaluate(run_dir: Path, baseline: str | None = None) -> dict:
     from pipelines import stages
 
-    return stages.evaluate(stages.load_run_config(run_dir), run_dir, baseline)
+    return stages.evaluate.run(stages.prepare.load_run_config(run_dir), run_dir, baseline)
 
 
 def _register(run_dir: Path, key: str, airflow: dict | None = None) -> dict:
     from pipelines import stages
 
-    return stages.register(stages.load_run_config(run_dir), run_dir, key, airflow)
+    return stages.register.run(stages.prepare.load_run_config(run_dir), run_dir, key, airflow)
 
 
 def _unique(prefix: str) -> str:
@@ -424,7 +424,7 @@ def test_parent_is_the_baseline_and_recorded_as_the_version_training_started_fro
     _evaluate(first)
     assert _register(first, f"{name}-1")["version"] == "1"
     child = _run(home, models["medium"], name, "child", f"parent=models:/{name}@champion", "eval.baseline=parent")
-    stages.parent_weights(stages.load_run_config(child), child / "parent")  # what the train stage fetches
+    stages.parent.weights(stages.prepare.load_run_config(child), child / "parent")  # what the train stage fetches
     report = _evaluate(child)
     assert report["baseline"]["kind"] == "parent" and report["baseline"]["version"] == "1"
     assert not report["passed"]  # 60 steps do not beat the 300-step parent

@@ -115,9 +115,9 @@ def test_registration_moves_the_champion_and_generate_loads_it_through_the_serve
         # this test's TAXIWAY_HOME would point other tests at this test's cache
         run_dir = clone_run(home, trained, f"{name}-{label}", [f"registry.model_name={name}", f"name={name}",
                                                                "registry.retry_backoff_s=0.2"])
-        cfg = stages.load_run_config(run_dir)
-        assert stages.evaluate(cfg, run_dir, None)["passed"]
-        results.append(stages.register(cfg, run_dir, f"{name}-{label}", None))
+        cfg = stages.prepare.load_run_config(run_dir)
+        assert stages.evaluate.run(cfg, run_dir, None)["passed"]
+        results.append(stages.register.run(cfg, run_dir, f"{name}-{label}", None))
     assert [(r["alias"], r["version"]) for r in results] == [("champion", "1"), ("champion", "2")]
 
     c = client()

@@ -93,7 +93,7 @@ def test_data_globs_and_folders_are_checked_file_by_file(roots: Roots, tmp_path:
 def test_a_triggered_runs_data_is_checked_before_any_file_is_read(home: Path):
     """The attack of issue 31: a glob whose prefix is a data root and whose ``..`` climbs out, with
     unlisted files allowed so preflight would read them. The first task refuses it."""
-    from taxiway_airflow.tasks import conf_config
+    from taxiway_airflow.tasks.common import conf_config
 
     conf = {"data": {"train": f"{home}/tr[a]in/../../../../../../../../etc/pass*"}, "preflight": {"allow_unlisted": True}}
     with pytest.raises(OutOfBounds, match=r"data.train: .* has a '..' segment"):

@@ -70,7 +70,7 @@ def test_the_mlflow_run_is_found_by_its_airflow_run_before_registration(airflow_
     run_key = "manual__2026-12-01T11:00:00+00:00"
     folder = run_dir("taxiway_train", run_key)
     cfg = load_config(TINY)
-    stages.prepare(cfg, folder)
+    stages.prepare.prepare(cfg, folder)
     assert mlflow_ui.run_url(run_key, folder) is None
     mlflow_run = open_run(client(), cfg, run_key)
     assert mlflow_ui.run_url(run_key, folder) == f"http://127.0.0.1:5000/#/runs/{mlflow_run}"

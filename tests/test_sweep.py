@@ -67,7 +67,7 @@ def _shared_run(base, root: Path) -> Path:
     from trainer import fsio
 
     folder = RunFolder(root / "run")
-    stages.prepare(base, folder.root)
+    stages.prepare.prepare(base, folder.root)
     fsio.write_json(folder.preflight_report, {"passed": True, "checks": {}})
     fsio.write_json(folder.packed_link, {"path": str(root / "packed"), "key": "k"})
     return folder.root
@@ -85,7 +85,7 @@ def test_members_are_run_folders_of_their_own_sharing_the_packed_data(base, tmp_
     for i, m in enumerate(listed):
         member = RunFolder(Path(m["run_dir"]))
         assert member.root == RunFolder(run).sweep_member(i)
-        assert stages.load_run_config(member.root).train.lr == (0.001, 0.0003)[i]
+        assert stages.prepare.load_run_config(member.root).train.lr == (0.001, 0.0003)[i]
         assert member.packed_link.read_text() == RunFolder(run).packed_link.read_text()
     assert members.write(run, "manual__1") == listed  # a retry finds the same members
     assert members.read(run) == listed

@@ -47,7 +47,7 @@ def test_round_trip_and_boundaries(corpus: Path):
     from pipelines import tokenize
     from pipelines.tokenize.bpe import load
 
-    packed = tokenize.run(_cfg(corpus))
+    packed = tokenize.pack_splits(_cfg(corpus))
     m = packed.manifest()
     tok = load(packed.path / "tokenizer.json", "<|endoftext|>")
     eos = m["eos_id"]
@@ -73,7 +73,7 @@ def test_round_trip_and_boundaries(corpus: Path):
 def test_reader_doc_ids_restart_after_eos(corpus: Path):
     from pipelines import tokenize
 
-    packed = tokenize.run(_cfg(corpus))
+    packed = tokenize.pack_splits(_cfg(corpus))
     data = PackedSplit(packed.path, "train")
     eos = data.manifest["eos_id"]
     for i in range(len(data)):
@@ -97,7 +97,7 @@ def test_concurrent_runs_build_one_entry_once(corpus: Path):
     def one() -> None:
         cfg = _cfg(corpus)
         start.wait()
-        results.append(tokenize.run(cfg))
+        results.append(tokenize.pack_splits(cfg))
 
     threads = [threading.Thread(target=one) for _ in range(2)]
     for t in threads:
@@ -111,10 +111,10 @@ def test_concurrent_runs_build_one_entry_once(corpus: Path):
 def test_cache_hit_and_key_changes(corpus: Path):
     from pipelines import tokenize
 
-    first = tokenize.run(_cfg(corpus))
-    second = tokenize.run(_cfg(corpus))
+    first = tokenize.pack_splits(_cfg(corpus))
+    second = tokenize.pack_splits(_cfg(corpus))
     assert not first.cache_hit and second.cache_hit and first.path == second.path
-    other = tokenize.run(_cfg(corpus, "pack.seq_len=8"))
+    other = tokenize.pack_splits(_cfg(corpus, "pack.seq_len=8"))
     assert other.key != first.key
 
 
@@ -134,13 +134,13 @@ def test_sampler_resume_matches_uninterrupted():
 def test_adding_files_tokenizes_only_their_groups(corpus: Path, tmp_path: Path):
     from pipelines import tokenize
 
-    tok = tokenize.run(_cfg(corpus)).path / "tokenizer.json"
+    tok = tokenize.pack_splits(_cfg(corpus)).path / "tokenizer.json"
     shutil.copyfile(tok, tmp_path / "fixed-tokenizer.json")      # incremental runs keep the tokenizer
-    first = tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
+    first = tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
     assert first.manifest()["stats"]["groups_reused"] == 0
     (corpus / "train" / "new.txt").write_text("def brand_new():\n    return 'fresh text'\n")
     manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
-    second = tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
+    second = tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'fixed-tokenizer.json'}"))
     stats = second.manifest()["stats"]
     assert second.key != first.key
     assert stats["groups_reused"] == stats["groups"] - 1, stats
@@ -153,7 +153,7 @@ def test_two_processes_packing_the_same_key(corpus: Path):
     import sys
 
     code = ("import sys, json; from pipelines.config import load_config; from pipelines import tokenize; "
-            "cfg = load_config(sys.argv[1], sys.argv[2:]); p = tokenize.run(cfg); "
+            "cfg = load_config(sys.argv[1], sys.argv[2:]); p = tokenize.pack_splits(cfg); "
             "print(json.dumps([str(p.path), p.key]))")
     args = [str(TINY), f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}",
             f"data.manifest={corpus / 'manifest.jsonl'}", "tokenizer.vocab_size=300", "pack.seq_len=16"]
@@ -319,7 +319,7 @@ def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
     cache = Path(os.environ["TAXIWAY_HOME"]) / "cache"
     (tmp_path / "broken.json").write_text("{not a tokenizer")
     with pytest.raises(TokenizerError, match=r"broken.json: tokenizer does not load"):
-        tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'broken.json'}"))
+        tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'broken.json'}"))
     with pytest.raises(ValueError, match=r"pack.dtype: vocabulary of \d+ tokens does not fit uint16"):
         big = _tokenizer_file()
         from tokenizers import Tokenizer
@@ -327,17 +327,17 @@ def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
         t = Tokenizer.from_file(str(big))
         t.add_tokens([f"<extra{i}>" for i in range(70_000)])
         t.save(str(tmp_path / "big.json"))
-        tokenize.run(_cfg(corpus, f"tokenizer.path={tmp_path / 'big.json'}", "pack.dtype=uint16"))
+        tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'big.json'}", "pack.dtype=uint16"))
     (corpus / "train" / "005.txt").write_bytes(b"\xff\xfe broken utf-8")
     manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
     with pytest.raises(DocumentError, match=r"train/005.txt: invalid UTF-8"):
-        tokenize.run(_cfg(corpus))
+        tokenize.pack_splits(_cfg(corpus))
     assert not [p for p in cache.rglob("*.tmp")]
     assert not (cache / "packed").exists() or not any((cache / "packed").iterdir())
 
 
 def test_parent_tokenizer_is_kept_and_a_mismatch_refused(corpus: Path, tmp_path: Path):
-    from pipelines.stages import parent_tokenizer
+    from pipelines.stages.parent import tokenizer as parent_tokenizer
 
     parent = tmp_path / "parent"
     parent.mkdir()
@@ -356,8 +356,8 @@ def test_val_only_packing_with_a_given_tokenizer(corpus: Path):
     """What evaluation needs for a baseline with another tokenizer: val packed, train untouched."""
     from pipelines import tokenize
 
-    both = tokenize.run(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"))
-    val = tokenize.run(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), splits=("val",))
+    both = tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"))
+    val = tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), splits=("val",))
     assert val.key != both.key
     assert set(val.manifest()["splits"]) == {"val"}
     assert val.manifest()["splits"]["val"]["tokens"] == both.manifest()["splits"]["val"]["tokens"]
@@ -433,17 +433,17 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
     cfg = _cfg(corpus, "pack.shard_bytes=1500")
     for home in ("unsharded", "sharded"):  # a cache each: the sharded run reuses nothing of the other
         monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / home))
-        stages.prepare(cfg, tmp_path / home / "run")
+        stages.prepare.prepare(cfg, tmp_path / home / "run")
     run_a, run_b = tmp_path / "unsharded" / "run", tmp_path / "sharded" / "run"
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "unsharded"))
-    whole = stages.tokenize(cfg, run_a)
+    whole = stages.tokenize.reduce(cfg, run_a)
 
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "sharded"))
-    shards = stages.tokenize_plan(cfg, run_b)
+    shards = stages.tokenize.plan(cfg, run_b)
     assert len(shards) == 3 and all(s["groups"] for s in shards), shards
-    stats = [stages.tokenize_shard(run_b, s["shard"]) for s in shards]
+    stats = [stages.tokenize.shard(run_b, s["shard"]) for s in shards]
     assert [s["encoded"] for s in stats] == [s["groups"] for s in shards] and all(s["tokens"] for s in stats)
-    packed = stages.tokenize(cfg, run_b)
+    packed = stages.tokenize.reduce(cfg, run_b)
     m = packed.manifest()["stats"]
     assert not packed.cache_hit and m["groups_reused"] == m["groups"] == sum(s["groups"] for s in shards)
     assert packed.key == whole.key
@@ -451,17 +451,17 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
     ours = _packed_files(packed)
     assert ours == _packed_files(whole) and {"train/tokens-00000.npy", "val/docs-00000.npy"} <= set(ours)
 
-    again = stages.tokenize_shard(run_b, 1)
+    again = stages.tokenize.shard(run_b, 1)
     assert again["cached"] == again["groups"] == shards[1]["groups"] and again["encoded"] == again["tokens"] == 0
     # two runs encoding the same shard at once (ten concurrent runs of one corpus): one encodes, one waits
     shutil.rmtree(tmp_path / "sharded" / "cache" / "tokens")
-    stages.prepare(cfg, run_c := tmp_path / "sharded" / "run-c")
-    stages.tokenize_plan(cfg, run_c)
+    stages.prepare.prepare(cfg, run_c := tmp_path / "sharded" / "run-c")
+    stages.tokenize.plan(cfg, run_c)
     start, results = threading.Barrier(2), []
 
     def one(run: Path) -> None:
         start.wait()
-        results.append(stages.tokenize_shard(run, 0))
+        results.append(stages.tokenize.shard(run, 0))
 
     threads = [threading.Thread(target=one, args=(run,)) for run in (run_b, run_c)]
     for t in threads:
@@ -471,7 +471,7 @@ def test_three_shards_then_pack_equal_the_unsharded_pack(corpus: Path, tmp_path:
     assert sorted(r["encoded"] for r in results) == [0, shards[0]["groups"]], results
     # past the most tasks Airflow maps, the shards grow instead; below the fewest asked, they shrink
     for shape, count in (({"max_shards": 1}, 1), ({"max_shards": 2}, 2), ({"min_shards": 6}, 6)):
-        other = stages.tokenize_plan(cfg, run_b, **shape)
+        other = stages.tokenize.plan(cfg, run_b, **shape)
         assert len(other) == count and sum(s["groups"] for s in other) == sum(s["groups"] for s in shards), other
 
 
@@ -482,14 +482,14 @@ def test_shards_on_two_processes_equal_the_unsharded_pack(corpus: Path, tmp_path
     thread pool has no threads there, and the worker would wait forever)."""
     from pipelines import stages
 
-    whole = stages.tokenize(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), tmp_path / "run-a")
+    whole = stages.tokenize.reduce(_cfg(corpus, f"tokenizer.path={_tokenizer_file()}"), tmp_path / "run-a")
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "two"))
     cfg = _cfg(corpus, f"tokenizer.path={_tokenizer_file()}", "pack.shard_bytes=1")  # one group a shard
-    stages.prepare(cfg, tmp_path / "run-b")
-    stages.tokenize_plan(cfg, tmp_path / "run-b")
-    assert stages.tokenize_shard(tmp_path / "run-b", 0)["encoded"] == 1
+    stages.prepare.prepare(cfg, tmp_path / "run-b")
+    stages.tokenize.plan(cfg, tmp_path / "run-b")
+    assert stages.tokenize.shard(tmp_path / "run-b", 0)["encoded"] == 1
     shutil.rmtree(tmp_path / "two" / "cache" / "tokens")
-    packed = stages.tokenize_on(cfg, tmp_path / "run-b", 2)
+    packed = stages.tokenize.run(cfg, tmp_path / "run-b", 2)
     stats = packed.manifest()["stats"]
     assert packed.key == whole.key and stats["groups_reused"] == stats["groups"] > 1, stats
     assert _packed_files(packed) == _packed_files(whole)
@@ -508,11 +508,11 @@ def test_a_file_that_differs_from_its_manifest_entry_is_never_cached_under_that_
     victim.write_bytes(original.replace(b"return", b"yield"))
     for cfg in (_cfg(corpus), _cfg(corpus, f"tokenizer.path={_tokenizer_file()}")):  # trained, then given
         with pytest.raises(DocumentError, match=r"train/005\.txt: content differs from the manifest"):
-            tokenize.run(cfg)
+            tokenize.pack_splits(cfg)
     victim.write_bytes(original)
-    first = tokenize.run(_cfg(corpus))
+    first = tokenize.pack_splits(_cfg(corpus))
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path / "clean-home"))  # an empty cache: what the manifest's content gives
-    clean = tokenize.run(_cfg(corpus))
+    clean = tokenize.pack_splits(_cfg(corpus))
     assert first.key == clean.key and _packed_files(first) == _packed_files(clean)
 
 
@@ -537,6 +537,6 @@ def test_a_small_remainder_joins_the_last_shard_instead_of_a_task_of_its_own(cor
     monkeypatch.setattr(groups, "_SPREAD", 4)
     monkeypatch.setenv("TAXIWAY_HOME", str(tmp_path))
     cfg = _cfg(corpus, "pack.shard_bytes=1800")
-    stages.prepare(cfg, run := tmp_path / "run")
-    shards = stages.tokenize_plan(cfg, run)
+    stages.prepare.prepare(cfg, run := tmp_path / "run")
+    shards = stages.tokenize.plan(cfg, run)
     assert [s["bytes"] for s in shards] == [2031, 2100 + 826] and sum(s["groups"] for s in shards) == 14, shards

@@ -29,7 +29,7 @@ def packed(tmp_path_factory):
                              "train.deterministic=true"])
     from pipelines import tokenize
 
-    yield cfg, tokenize.run(cfg).path
+    yield cfg, tokenize.pack_splits(cfg).path
     env.undo()
 
 
@@ -82,7 +82,7 @@ def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
     raw["data"] = str(tmp_path / "nowhere")
     spec.write_text(json.dumps(raw))
     with pytest.raises(local.GangFailed, match="exited with code"):
-        local.run(launch_spec(cfg, run_dir, spec), poll_s=0.2)
+        local.run_to_end(launch_spec(cfg, run_dir, spec), poll_s=0.2)
 
 
 def test_sigterm_checkpoints_and_exits_canceled(packed, tmp_path: Path):
@@ -128,12 +128,12 @@ def test_smoke_passes_in_seconds_and_fails_fast_on_bad_input(packed, tmp_path: P
     cfg, path = packed
     run_dir = tmp_path / "smoke"
     fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
-    result = stages.smoke(cfg, run_dir)
+    result = stages.train.smoke(cfg, run_dir)
     assert result["smoke"] == "passed" and result["step"] == 3 and result["restarts"] == 1
     assert not (run_dir / "checkpoints").exists(), "smoke must not touch the real run's checkpoints"
     bad = cfg.model_copy(update={"model": cfg.model.model_copy(update={"block_size": 8})})  # seq_len 32 > 8
-    with pytest.raises(stages.SmokeFailed, match="smoke test failed"):
-        stages.smoke(bad, run_dir)
+    with pytest.raises(stages.train.SmokeFailed, match="smoke test failed"):
+        stages.train.smoke(bad, run_dir)
 
 
 def test_status_is_rewritten_four_times_per_stall_window(packed, tmp_path: Path, monkeypatch):

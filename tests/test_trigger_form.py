@@ -98,7 +98,7 @@ def test_the_form_offers_no_field_only_the_deployment_sets(served):
 
 def _resolved(conf: dict[str, Any]):
     """The run config the first task makes of ``conf`` (its real code path: checks, roots, merge, validation)."""
-    from taxiway_airflow.tasks import conf_config
+    from taxiway_airflow.tasks.common import conf_config
 
     return conf_config(conf)
 

@@ -26,7 +26,7 @@ def planted(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _config(conf: dict):
-    from taxiway_airflow.tasks import conf_config
+    from taxiway_airflow.tasks.common import conf_config
 
     return conf_config(conf)
 

@@ -29,10 +29,10 @@ def make_run(home: Path, label: str, steps: int, overrides: list[str] | None = N
     run_dir = home / "runs" / label
     if (run_dir / "model" / "model.safetensors").exists():
         return run_dir
-    stages.prepare(cfg, run_dir)
+    stages.prepare.prepare(cfg, run_dir)
     if preflight and not (run_dir / "preflight" / "report.json").exists():
-        stages.preflight(cfg, run_dir)
-    stages.tokenize(cfg, run_dir)
+        stages.preflight.run(cfg, run_dir)
+    stages.tokenize.reduce(cfg, run_dir)
     train_in_process(run_dir, cfg, steps, seed)
     return run_dir
 
@@ -82,7 +82,7 @@ def clone_run(home: Path, src: Path, label: str, overrides: list[str]) -> Path:
     run_dir = home / "runs" / label
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    stages.prepare(cfg, run_dir)
+    stages.prepare.prepare(cfg, run_dir)
     for part in ("preflight", "tokenize", "model"):
         if (src / part).exists():
             shutil.copytree(src / part, run_dir / part)

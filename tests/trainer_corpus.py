@@ -58,7 +58,7 @@ def make_corpus(tmp_path_factory):
     cfg = load_config(TINY, [*write_corpus(root), *BASE])
     from pipelines import tokenize
 
-    yield cfg, tokenize.run(cfg).path
+    yield cfg, tokenize.pack_splits(cfg).path
     env.undo()
 
 

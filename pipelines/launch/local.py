@@ -292,7 +292,7 @@ def tail(path: str, lines: int = 30) -> str:
         return ""
 
 
-def run(spec: LaunchSpec, poll_s: float = 1.0, on_poll: Callable[[], None] | None = None) -> None:
+def run_to_end(spec: LaunchSpec, poll_s: float = 1.0, on_poll: Callable[[], None] | None = None) -> None:
     """Submit, wait, always clean up. Raises with the failing node's log tail on failure."""
     handle = submit(spec)
     deadline = time.monotonic() + spec.timeout_s

@@ -23,7 +23,6 @@ signed.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -36,9 +35,9 @@ from pipelines.errors import BadInput
 from pipelines.preflight.decontaminate import filtered
 from pipelines.preflight.overlap import Signed, sign_files
 from pipelines.refresh import attempts, signatures
-from pipelines.refresh import plan as refresh_plan
 from pipelines.refresh.landing import MANIFEST, Batch
 from pipelines.refresh.layout import FRESH, NEW, layout
+from pipelines.refresh.plan import RefreshPlan
 from pipelines.run_folder import RunFolder
 from trainer import fsio
 
@@ -65,12 +64,12 @@ def _held_out(batch: Batch, train: list[manifest.Entry], fraction: float, seed: 
     return {e.path for e in rank[:min(len(train) - 1, math.ceil(fraction * len(train)))]}
 
 
-def _trained_sources(plan: dict, base: DataConfig) -> list[tuple[str, str, str | None]]:
+def _trained_sources(plan: RefreshPlan, base: DataConfig) -> list[tuple[str, str, str | None]]:
     """(label, manifest, its sha256 when known) of everything the champion was trained on: the base
     corpus and its ledger's batches (found by sha256 in the signature store, even once deleted)."""
-    zone = storage.locate(plan["landing"])
+    zone = storage.locate(plan.landing)
     return [("base", base.manifest, None)] + [(b["id"], zone.join(f"{b['id']}/{MANIFEST}").uri(), b["manifest_sha256"])
-                                              for b in plan["ledger"]]
+                                              for b in plan.ledger]
 
 
 def _repeats(cfg: RunConfig, index, batch: Batch) -> tuple[dict[str, tuple[str, float]], Signed]:
@@ -91,10 +90,9 @@ def _kept_docs(signed: Signed, files: set[str], dropped: set[str]) -> Signed:
     return Signed([signed.ids[i] for i in rows], signed.sigs[rows])
 
 
-def assemble(cfg: RunConfig, run_dir: Path) -> dict:
+def assemble(cfg: RunConfig, run_dir: Path, plan: RefreshPlan) -> dict:
     """Build ``refresh/data/`` for the plan's new batches; returns (and writes) ``assembled.json``."""
-    plan = refresh_plan.read(run_dir)
-    base = DataConfig(**plan["base_data"])
+    base = plan.base
     out = layout(base, run_dir)
     base_root = manifest.root_of(base.manifest)
     index, signed = signatures.trained_index(cfg, _trained_sources(plan, base))
@@ -105,7 +103,7 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
         val = [e for e in manifest.read(base.manifest) if e.split == "val"]
         for e in val:
             _place(stage / e.path, base_root.join(e.path))
-        for batch in refresh_plan.batches(plan):
+        for batch in plan.new:
             root = storage.locate(batch.uri)
             entries = manifest.read(batch.manifest)
             train = [e for e in entries if e.split == "train"]
@@ -133,7 +131,7 @@ def assemble(cfg: RunConfig, run_dir: Path) -> dict:
                     train_entries.append(manifest.Entry(f"{NEW}/{rel}", "train", len(data), fsio.sha256_file(dest)))
                     kept.append([e.path, train_entries[-1].sha256, True])
             if not kept:  # nothing new in it: dropped like a re-send, for this champion and the next plans
-                attempts.record_repeat(batch, plan["champion"], f"every train document repeats trained data "
+                attempts.record_repeat(batch, plan.champion, f"every train document repeats trained data "
                                        f"({len(dropped)} document(s); see {RunFolder(run_dir).refresh_assembled})")
                 pending.pop(batch.id, None)
             index.add(signatures.labelled(_kept_docs(signed_batch, {k[0] for k in kept}, set(repeats)), batch.id))
@@ -182,13 +180,3 @@ def _place_fresh(cfg: RunConfig, index, stage: Path, batch_id: str, root: storag
             fsio.write_bytes(stage / FRESH / rel, data)
             out.append(manifest.Entry(f"{FRESH}/{rel}", "val", len(data), fsio.sha256_file(stage / FRESH / rel)))
     return dropped
-
-
-def fresh_config(cfg: RunConfig, run_dir: Path) -> RunConfig | None:
-    """The held-out new data as a config whose val split it is (None outside a refresh run)."""
-    assembled = RunFolder(run_dir).refresh_assembled
-    if not assembled.exists() or not json.loads(assembled.read_text())["fresh_files"]:
-        return None
-    out = layout(cfg, run_dir)
-    return cfg.model_copy(update={"data": cfg.data.model_copy(update={
-        "val": str(out.fresh), "manifest": str(out.fresh_manifest)})})

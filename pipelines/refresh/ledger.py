@@ -17,6 +17,9 @@ from typing import Any
 
 from pipelines.errors import BadInput
 from pipelines.refresh.landing import Batch
+from pipelines.registry import client, with_retries
+from pipelines.run_folder import RunFolder
+from trainer import fsio
 
 ARTIFACT = "refresh/ledger.json"
 BATCHES_TAG = "taxiway.refresh.batches"
@@ -28,7 +31,7 @@ class LedgerError(BadInput):
 
 
 @dataclass(frozen=True)
-class Plan:
+class Triage:
     """What a refresh does with the landed batches, each decision with its reason."""
 
     new: list[Batch] = field(default_factory=list)
@@ -50,12 +53,12 @@ class Ledger:
     batches: tuple[dict[str, str], ...] = ()
     base: dict[str, Any] | None = None  # the data section the lineage's first version was trained on
 
-    def plan(self, landed: list[Batch]) -> Plan:
+    def triage(self, landed: list[Batch]) -> Triage:
         """Split the landed batches: new ones, re-sends (same manifest under another id, never
         trained twice), and known ids whose manifest changed."""
         by_id = {b["id"]: b["manifest_sha256"] for b in self.batches}
         by_sha = {b["manifest_sha256"]: b["id"] for b in self.batches}
-        plan = Plan()
+        plan = Triage()
         for batch in landed:
             if batch.id in by_id:
                 if by_id[batch.id] != batch.manifest_sha256:
@@ -103,7 +106,7 @@ def tags(new: list[Batch]) -> dict[str, str]:
 def of_version(c: Any, mv: Any, dest: Path) -> Ledger:
     """The ledger of a registered model version (``mv``), read from its run's artifact; for a version
     that no refresh made, no batches and the data it was trained on (its run's ``data.*`` params) as base."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): only a refresh's plan reads a ledger
 
     if not mv.run_id:
         return Ledger()
@@ -124,18 +127,14 @@ def trained_data(params: dict[str, str]) -> dict[str, Any] | None:
     return {**{k: params[f"data.{k}"] for k in BASE_KEYS}, "format": None if fmt == "None" else fmt}
 
 
-def record(reg: Any, registered: Any, run_dir: Path, plan: dict) -> Ledger:
+def record(reg: Any, registered: Any, run_dir: Path, parent: Ledger, new: tuple[Batch, ...]) -> Ledger:
     """Put the refresh's ledger (the champion's, extended by this run's new batches) on the version it
     registered: ``refresh/ledger.json`` on its run, the batches tag on version and run. Done before any
     alias moves, so a champion always carries its ledger; repeating it is harmless."""
-    from pipelines.registry import client, with_retries
-    from pipelines.run_folder import RunFolder
-    from trainer import fsio
-
     assembled = json.loads(RunFolder(run_dir).refresh_assembled.read_text())
     trained = {b["batch"]: b["train"] for b in assembled["batches"] if b["train"]}
-    new = [Batch(**b) for b in plan["new"] if b["id"] in trained]  # a batch of repeats only was not trained
-    ledger = Ledger(tuple(plan["ledger"]), plan["base_data"]).extended(new, registered.version, trained)
+    new = [b for b in new if b.id in trained]  # a batch of repeats only was not trained
+    ledger = parent.extended(new, registered.version, trained)
     path = fsio.write_text(RunFolder(run_dir).refresh_ledger, ledger.to_json())
 
     def write() -> None:

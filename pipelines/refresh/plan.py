@@ -8,16 +8,96 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from pipelines.config import RunConfig, load_config
+from pipelines import registry
+from pipelines.config import DataConfig, RunConfig
 from pipelines.errors import BadInput
-from pipelines.refresh import attempts, landing
+from pipelines.refresh import landing, replay
+from pipelines.refresh.landing import Batch
 from pipelines.refresh.layout import layout
-from pipelines.refresh.ledger import Ledger, Plan, of_version
+from pipelines.refresh.ledger import Ledger, Triage, of_version
 from pipelines.run_folder import RunFolder
-from trainer import fsio
 
 log = logging.getLogger("taxiway.refresh")
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    """``refresh/plan.json``, typed: what a refresh run trains on and why. Loaded once by whoever
+    runs a stage of a refresh and handed to the stages that take its inputs (tokenize: the replay and
+    the held-out new data; evaluate: the held-out new data; register: the ledger to extend)."""
+
+    landing: str
+    champion: str | None  # models:/NAME/VERSION this refresh continues; None: no champion
+    ledger: tuple[dict[str, Any], ...]  # the champion's ledger rows (``ledger.Ledger.batches``)
+    new: tuple[Batch, ...]
+    resent: tuple[dict[str, Any], ...]  # a batch's fields plus ``repeats``: the trained id it repeats
+    changed: tuple[Batch, ...]
+    held: tuple[Batch, ...]
+    quarantined: tuple[dict[str, Any], ...]  # a batch's fields plus ``attempts``: the failed runs
+    invalid: tuple[dict[str, str], ...]  # {"folder", "reason"}
+    base_data: dict[str, Any]  # the data section the champion's lineage started from
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"landing": self.landing, "champion": self.champion, "ledger": list(self.ledger),
+                "new": [asdict(b) for b in self.new], "resent": list(self.resent),
+                "changed": [asdict(b) for b in self.changed], "held": [asdict(b) for b in self.held],
+                "quarantined": list(self.quarantined), "invalid": list(self.invalid),
+                "base_data": self.base_data, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RefreshPlan:
+        batches = {k: tuple(Batch(**b) for b in doc[k]) for k in ("new", "changed", "held")}
+        return cls(doc["landing"], doc["champion"], tuple(doc["ledger"]), batches["new"], tuple(doc["resent"]),
+                   batches["changed"], batches["held"], tuple(doc["quarantined"]), tuple(doc["invalid"]),
+                   doc["base_data"], doc["reason"])
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RefreshPlan:
+        """The plan ``decide`` wrote for this run."""
+        return cls.from_json(json.loads(RunFolder(run_dir).refresh_plan.read_text()))
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> RefreshPlan | None:
+        """The plan of a refresh run that trains; None for any other run."""
+        if not RunFolder(run_dir).refresh_plan.exists():
+            return None
+        plan = cls.load(run_dir)
+        return plan if plan.new else None
+
+    @property
+    def base(self) -> DataConfig:
+        return DataConfig(**self.base_data)
+
+    @property
+    def parent_ledger(self) -> Ledger:
+        """The champion's ledger, which this refresh's version extends."""
+        return Ledger(self.ledger, self.base_data)
+
+    def replay(self, cfg: RunConfig) -> replay.Replay | None:
+        """The old data the train split mixes back in (``refresh.replay_fraction``); None at 0."""
+        if cfg.refresh.replay_fraction == 0:
+            return None
+        groups, partial = replay.old_groups(self.base, self.landing, self.ledger)
+        return replay.Replay(groups, partial, cfg.refresh.replay_fraction, cfg.train.seed)
+
+    def fresh_data(self, cfg: RunConfig, run_dir: Path) -> RunConfig | None:
+        """The held-out new data (``assemble`` placed it) as a config whose val split it is; None when
+        every held-out document repeated trained data."""
+        assembled = RunFolder(run_dir).refresh_assembled
+        if not json.loads(assembled.read_text())["fresh_files"]:
+            return None
+        out = layout(cfg, run_dir)
+        return cfg.model_copy(update={"data": cfg.data.model_copy(update={
+            "val": str(out.fresh), "manifest": str(out.fresh_manifest)})})
+
+    def parent_moved(self, moved: registry.ChampionMoved) -> str:
+        """Why a refresh that passed against its parent stays ``challenger``: the alias left the parent."""
+        now = f"models:/{moved.model_name}/{moved.found}" if moved.found else "no version"
+        return (f"not promoted: this refresh continues {self.champion}, but {now} holds the champion alias now; "
+                f"its batches stay new to the champion, whose next refresh trains on them")
 
 
 @dataclass(frozen=True)
@@ -28,24 +108,23 @@ class Decision:
     config: RunConfig | None
 
 
-def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Plan, str | None, Ledger, list[tuple[str, str]]]:
+def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Triage, str | None, Ledger, list[tuple[str, str]]]:
     """The plan against the current champion's ledger (an empty one while there is no champion),
     the champion as ``models:/NAME/VERSION``, its ledger, and the landed batches that are invalid
     (folder, reason): those are reported and left out, never a reason to stop every refresh."""
-    from pipelines.registry import client, current_champion, with_retries
-
     if not cfg.refresh.landing:
         raise BadInput("refresh.landing: not set; a refresh needs the landing zone of new batches")
     reg = cfg.registry
     batches, invalid = landing.scan(cfg.refresh.landing)
-    c = client()
-    champion = with_retries(reg, "read the champion", lambda: current_champion(c, reg.model_name, reg.champion_alias))
+    c = registry.client()
+    champion = registry.with_retries(reg, "read the champion",
+                                     lambda: registry.current_champion(c, reg.model_name, reg.champion_alias))
     ledger = Ledger()
     if champion is not None:
         dest = RunFolder(run_dir).refresh_plan.parent / "champion-ledger"
-        ledger = with_retries(reg, "read the champion's ledger", lambda: of_version(c, champion, dest))
+        ledger = registry.with_retries(reg, "read the champion's ledger", lambda: of_version(c, champion, dest))
     uri = f"models:/{champion.name}/{champion.version}" if champion is not None else None
-    return ledger.plan(batches), uri, ledger, invalid
+    return ledger.triage(batches), uri, ledger, invalid
 
 
 def base_data(cfg: RunConfig, ledger: Ledger, champion: str | None) -> dict:
@@ -71,69 +150,3 @@ def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
         "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps}),
         "eval": cfg.eval.model_copy(update={"baseline": "parent"}),
     })
-
-
-def decide(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
-    """Plan this refresh and write ``refresh/plan.json``, once per run: a retry (or a clear) of the
-    plan task returns the decision already made, so the run's data never changes under its
-    checkpoints. Batches past ``refresh.max_attempts`` failed refreshes are quarantined, batches that
-    failed before wait while new ones go first (``attempts``); invalid batches are reported."""
-    folder = RunFolder(run_dir)
-    if folder.refresh_plan.exists():
-        made = read(run_dir)
-        if not made["new"]:
-            return Decision(made["reason"], None)
-        return Decision(made["reason"], load_config(folder.config) if folder.config.exists()
-                        else refresh_config(cfg, run_dir, made["champion"]))
-    plan, champion, ledger, invalid = new_since_champion(cfg, run_dir)
-    known = attempts.repeats(plan.new, champion) if champion else {}
-    fresh = [b for b in plan.new if b.id not in known]
-    taken = attempts.take(fresh, run_key, champion, cfg.refresh.max_attempts) if champion else attempts.Taken(fresh)
-    notes = [plan.summary()] + [f"{name} invalid: {why}" for name, why in invalid] + [
-        f"{bid} dropped: {why}" for bid, why in known.items()] + [
-        f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "
-        f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id"
-        for b, runs in taken.quarantined] + [
-        f"{b.id} held back: it failed before, and is tried alone after the batches that did not" for b in taken.held]
-    new = taken.kept
-    if champion is None:
-        reason = (f"nothing to refresh: no version of {cfg.registry.model_name} holds "
-                  f"'{cfg.registry.champion_alias}'; train one with taxiway_train first")
-    elif not new:
-        reason = f"nothing new since the champion {champion}: " + "; ".join(notes)
-    else:
-        reason = f"refreshing {champion} on {', '.join(b.id for b in new)}: " + "; ".join(notes)
-    run_cfg = refresh_config(cfg, run_dir, champion) if champion and new else None
-    fsio.write_json(folder.refresh_plan, {
-        "landing": cfg.refresh.landing, "champion": champion, "ledger": list(ledger.batches),
-        "new": [asdict(b) for b in new], "resent": [{**asdict(b), "repeats": twin} for b, twin in plan.resent],
-        "changed": [asdict(b) for b in plan.changed], "held": [asdict(b) for b in taken.held],
-        "quarantined": [{**asdict(b), "attempts": runs} for b, runs in taken.quarantined],
-        "invalid": [{"folder": name, "reason": why} for name, why in invalid],
-        "base_data": base_data(cfg, ledger, champion), "reason": reason})
-    return Decision(reason, run_cfg)
-
-
-def read(run_dir: Path) -> dict:
-    """``refresh/plan.json`` as ``decide`` wrote it."""
-    return json.loads(RunFolder(run_dir).refresh_plan.read_text())
-
-
-def of_run(run_dir: Path) -> dict | None:
-    """The plan of a refresh run that trains (None for any other run)."""
-    path = RunFolder(run_dir).refresh_plan
-    if not path.exists():
-        return None
-    plan = json.loads(path.read_text())
-    return plan if plan["new"] else None
-
-
-def parent_moved(plan: dict, moved) -> str:
-    """Why a refresh that passed against its parent stays ``challenger``: the alias left the parent."""
-    now = f"models:/{moved.model_name}/{moved.found}" if moved.found else "no version"
-    return (f"not promoted: this refresh continues {plan['champion']}, but {now} holds the champion alias now; "
-            f"its batches stay new to the champion, whose next refresh trains on them")
-
-
-def batches(plan: dict) -> list[landing.Batch]:
-    return [landing.Batch(**b) for b in plan["new"]]

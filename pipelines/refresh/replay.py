@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipelines import manifest, storage
-from pipelines.config import DataConfig, RunConfig
+from pipelines.config import DataConfig
 from pipelines.refresh.layout import NEW
 from pipelines.tokenize.groups import FileRef, Stream, group_key, split_groups, tokenize_group
 
@@ -74,17 +74,16 @@ def sample(stream: Stream, key: str, fraction: float, seed: int) -> Stream:
     return Stream(stream.tokens[mask], starts, 0, stream.cache_hit)
 
 
-def old_groups(plan: dict) -> tuple[list[list[FileRef]], frozenset[str]]:
+def old_groups(base: DataConfig, landing: str, ledger: tuple[dict, ...]) -> tuple[list[list[FileRef]], frozenset[str]]:
     """The champion's train data as token groups, as each was packed: the base corpus by its
     manifest, then per model version that trained batches, the files its ledger rows list; and the
-    paths of files packed without some of their documents."""
-    base = DataConfig(**plan["base_data"])
+    paths of files packed without some of their documents (``landing``: the landing zone)."""
     root = manifest.root_of(base.manifest)
     groups = split_groups([FileRef(e.path, e.sha256, root.join(e.path))
                            for e in manifest.read(base.manifest) if e.split == "train"])
-    zone = storage.locate(plan["landing"])
+    zone = storage.locate(landing)
     partial, by_version = set(), {}
-    for row in plan["ledger"]:
+    for row in ledger:
         for path, sha, cut in row.get("train", []):
             ref = FileRef(f"{NEW}/{row['id']}/{path}", sha, zone.join(f"{row['id']}/{path}"))
             by_version.setdefault(row["version"], []).append(ref)
@@ -93,10 +92,3 @@ def old_groups(plan: dict) -> tuple[list[list[FileRef]], frozenset[str]]:
     for refs in by_version.values():  # one refresh packed all its batches' files together
         groups += split_groups(refs)
     return groups, frozenset(partial)
-
-
-def of_run(cfg: RunConfig, plan: dict) -> Replay | None:
-    if cfg.refresh.replay_fraction == 0:
-        return None
-    groups, partial = old_groups(plan)
-    return Replay(groups, partial, cfg.refresh.replay_fraction, cfg.train.seed)

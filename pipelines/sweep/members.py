@@ -23,7 +23,7 @@ def _shared_files(folder: RunFolder) -> list[Path]:
     """What the parent run's shared stages wrote that a member's later stages read."""
     for path, stage in ((folder.packed_link, "tokenize"), (folder.preflight_report, "preflight")):
         if not path.exists():
-            raise stages.StageInputError(f"{path}: missing; the sweep's members need the '{stage}' stage first")
+            raise stages.prepare.StageInputError(f"{path}: missing; the sweep's members need the '{stage}' stage first")
     return [p for p in (folder.packed_link, folder.preflight_report, folder.preflight_summary,
                         folder.overlap_plot, folder.effective_data) if p.exists()]
 
@@ -32,7 +32,7 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
     """The members as ``write`` listed them."""
     path = RunFolder(run_dir).sweep_members
     if not path.exists():
-        raise stages.StageInputError(f"{path}: missing; run the sweep's 'members' task first")
+        raise stages.prepare.StageInputError(f"{path}: missing; run the sweep's 'members' task first")
     return json.loads(path.read_text())
 
 
@@ -42,9 +42,9 @@ def write(run_dir: Path, run_key: str) -> list[dict[str, Any]]:
     parent = RunFolder(run_dir)
     shared = _shared_files(parent)
     out = []
-    for m in points.read(run_dir, stages.load_run_config(run_dir)):
+    for m in points.read(run_dir, stages.prepare.load_run_config(run_dir)):
         member_dir = parent.sweep_member(m.index)
-        stages.prepare(m.config, member_dir)
+        stages.prepare.prepare(m.config, member_dir)
         for path in shared:
             fsio.write_bytes(member_dir / path.relative_to(parent.root), path.read_bytes())
         out.append({"run_dir": str(member_dir), "config_sha256": m.config.sha256(), "name": m.config.name,

@@ -20,12 +20,12 @@ def register(run_dir: Path, run_key: str, airflow: dict[str, str] | None = None)
 
     folder = RunFolder(run_dir)
     if not folder.sweep_ranking.exists():
-        raise stages.StageInputError(f"{folder.sweep_ranking}: missing; run the sweep's 'rank' task first")
+        raise stages.prepare.StageInputError(f"{folder.sweep_ranking}: missing; run the sweep's 'rank' task first")
     ranking = json.loads(folder.sweep_ranking.read_text())
-    configs = {r["member"]: stages.load_run_config(Path(r["run_dir"])) for r in ranking["members"]}
-    runs = mlflow_sweep.log_sweep(stages.load_run_config(run_dir), run_dir, run_key, ranking, configs, airflow or {})
+    configs = {r["member"]: stages.prepare.load_run_config(Path(r["run_dir"])) for r in ranking["members"]}
+    runs = mlflow_sweep.log_sweep(stages.prepare.load_run_config(run_dir), run_dir, run_key, ranking, configs, airflow or {})
     best = next(r for r in ranking["members"] if r["member"] == ranking["best"])
-    result = stages.register(configs[best["member"]], Path(best["run_dir"]), best["run_key"], airflow)
+    result = stages.register.run(configs[best["member"]], Path(best["run_dir"]), best["run_key"], airflow)
     record = {**result, "sweep_member": best["member"], "sweep_point": best["point"], "parent_run_id": runs["parent"]}
     fsio.write_json(folder.registry_record, record)
     return record

@@ -122,7 +122,7 @@ def inputs(cfg: RunConfig, splits: tuple[str, ...] = manifest.SPLITS) -> Inputs:
                   {e.path: e.bytes for e in entries})
 
 
-def run(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS,
+def pack_splits(cfg: RunConfig, run_dir: Path | None = None, splits: tuple[str, ...] = manifest.SPLITS,
         replay: Replay | None = None, link: Path | None = None) -> Packed:
     """Pack ``splits`` (default both; evaluation of a baseline with another tokenizer needs only val);
     a refresh adds ``replay`` documents of older data to the train split. The run folder's link to

@@ -37,10 +37,11 @@ def preload(*args: Any, **kwargs: Any) -> None:
     import tiktoken  # noqa: F401
     import tokenizers  # noqa: F401
 
-    from pipelines.preflight import documents_check
-    from taxiway_airflow import failure_summary, params, pipeline, refresh, supervisor_exit, sweep_pipeline, sweep_tasks  # noqa: F401
+    from pipelines.stages import preflight
+    from taxiway_airflow import failure_summary, landing_asset, params, stage_groups, supervisor_exit, sweep_groups  # noqa: F401
+    from taxiway_airflow.tasks import land, refresh, sweep, train  # noqa: F401
 
-    documents_check.quiet_ge()
+    preflight.preload()
     exit_wait = supervisor_exit.install()
     gc.freeze()
     log.info("preloaded Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports in %.1f s; "

@@ -1,6 +1,7 @@
-"""A training gang's objects in the cluster, through the provider's ``KubernetesHook``: deleting
-every Job of a run with foreground propagation and waiting until its pods are gone (the provider
-deletes one Job and does not wait for pods)."""
+"""Every cluster call Taxiway makes, through the provider's ``KubernetesHook`` and with the provider's
+retry wrapper (``generic_api_retry``: transient API statuses and connection errors, honouring
+``Retry-After``). Beyond the provider: deleting every Job of a run with foreground propagation and
+waiting until its pods are gone (the provider deletes one Job and does not wait for pods)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,23 @@ import logging
 import time
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
+from kubernetes.client.exceptions import ApiException
+
 from pipelines.errors import Transient
+from pipelines.stages.train import GANG_LABEL
 
 log = logging.getLogger("taxiway")
 
 
-def connect(conn_id: str) -> Any:
+def connect(conn_id: str) -> KubernetesHook:
     """The provider's hook for ``conn_id`` (an Airflow connection: no credentials in configs)."""
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
     return KubernetesHook(conn_id=conn_id)
 
 
-def ignore_missing(call: Any, *args: Any, **kwargs: Any) -> Any:
+def _missing_is_none(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call``, with a 404 (already gone) answered by None."""
-    from kubernetes.client.exceptions import ApiException
-
     try:
         return call(*args, **kwargs)
     except ApiException as exc:
@@ -32,24 +34,60 @@ def ignore_missing(call: Any, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
-def remove_jobs(hook: Any, namespace: str, gang_label: str, wait_s: float) -> int:
+@generic_api_retry
+def create_service(hook: KubernetesHook, namespace: str, service: dict[str, Any]) -> bool:
+    """Create the gang's headless Service; False when it exists already (a retried setup)."""
+    try:
+        hook.core_v1_client.create_namespaced_service(namespace, service)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
+
+
+@generic_api_retry
+def delete_service(hook: KubernetesHook, namespace: str, name: str) -> None:
+    _missing_is_none(hook.core_v1_client.delete_namespaced_service, name, namespace)
+
+
+@generic_api_retry
+def delete_job(hook: KubernetesHook, namespace: str, name: str) -> None:
+    """Foreground: the Job is gone once its pods are (each given its termination grace period)."""
+    _missing_is_none(hook.batch_v1_client.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+
+
+@generic_api_retry
+def job_status(hook: KubernetesHook, namespace: str, name: str) -> Any:
+    """The Job (``V1Job``), or None when it is gone."""
+    return _missing_is_none(hook.get_job_status, name, namespace)
+
+
+@generic_api_retry
+def _jobs(hook: KubernetesHook, namespace: str, selector: str) -> list[Any]:
+    return hook.batch_v1_client.list_namespaced_job(namespace, label_selector=selector).items
+
+
+@generic_api_retry
+def _pods(hook: KubernetesHook, namespace: str, selector: str) -> list[Any]:
+    return hook.core_v1_client.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def remove_jobs(hook: KubernetesHook, namespace: str, gang_label: str, wait_s: float) -> int:
     """Delete every Job of this gang (all tries) and wait until their pods are gone; returns Jobs deleted.
 
     Foreground propagation: pods get SIGTERM and their termination grace period, in which the
     trainer saves a checkpoint.
     """
-    from pipelines.training import GANG_LABEL
-
     selector = f"{GANG_LABEL}={gang_label}"
-    jobs = hook.batch_v1_client.list_namespaced_job(namespace, label_selector=selector).items
+    jobs = _jobs(hook, namespace, selector)
     for job in jobs:
         log.info("deleting Job %s/%s", namespace, job.metadata.name)
-        ignore_missing(hook.batch_v1_client.delete_namespaced_job, job.metadata.name, namespace,
-                       propagation_policy="Foreground")
+        delete_job(hook, namespace, job.metadata.name)
     deadline = time.monotonic() + wait_s
-    while pods := hook.core_v1_client.list_namespaced_pod(namespace, label_selector=selector).items:
+    while pods := _pods(hook, namespace, selector):
         if time.monotonic() > deadline:
             raise Transient(f"{len(pods)} pod(s) of {selector} still present after {wait_s:.0f}s: "
-                                   + ", ".join(p.metadata.name for p in pods))
+                            + ", ".join(p.metadata.name for p in pods))
         time.sleep(2)
     return len(jobs)

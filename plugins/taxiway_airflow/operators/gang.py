@@ -24,6 +24,8 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines.errors import BadInput
+from pipelines.stages import train as train_stage
+from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.links import TRAIN_LINKS
 from taxiway_airflow.triggers.gang import GangTrigger
@@ -56,13 +58,11 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return self.execute_resumable(context)
 
     def submit_job(self, context: Any) -> str:
-        from pipelines import training
-
         cfg = self._config()
         if cfg.compute.launcher != "local":
             raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                            "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
-        handle = training.submit(cfg, _run_dir(self.run))
+        handle = train_stage.submit(cfg, _run_dir(self.run))
         self._gang_id = handle.gang_id
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
@@ -71,48 +71,38 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
         """A gang a user canceled reads ``canceled``: a clear's new try launches afresh (submit waits)."""
-        from pipelines import training
-
         if not Path(external_id).exists():
-            return training.State.FAILED
-        return training.state(training.load(external_id))
+            return train_stage.State.FAILED
+        return train_stage.state(train_stage.load(external_id))
 
     def is_job_active(self, status: str) -> bool:
-        from pipelines import training
-
-        return status == training.State.RUNNING
+        return status == train_stage.State.RUNNING
 
     def is_job_succeeded(self, status: str) -> bool:
-        from pipelines import training
-
-        return status == training.State.SUCCEEDED
+        return status == train_stage.State.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
         """Confirm the launch here (a gang that dies at start fails this try at once), then defer:
         the trigger watches the gang until it ends, so a cancel always finds one of the two."""
-        from pipelines import training
-
-        handle = training.load(external_id)
+        handle = train_stage.load(external_id)
         self._gang_id = handle.gang_id
         cfg = self._config()
         run_dir = _run_dir(self.run)
         deadline = time.monotonic() + self.launch_confirm_s
-        while (training.state(handle) == training.State.RUNNING and time.monotonic() < deadline
-               and not training.started_up(handle, run_dir)):
+        while (train_stage.state(handle) == train_stage.State.RUNNING and time.monotonic() < deadline
+               and not train_stage.started_up(handle, run_dir)):
             self._cancel_unless_running(context, handle)
             time.sleep(0.5)
         self._cancel_unless_running(context, handle)  # the last word before handing over to the trigger
-        training.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
-        watch = training.watch(handle, cfg)
+        train_stage.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
+        watch = train_stage.watch(handle, cfg)
         self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
                                        self._run_key(context)),
                    method_name="execute_complete")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
-        from pipelines import training
-
         self._report(external_id, context)
-        model_dir = training.finish(_run_dir(self.run))
+        model_dir = train_stage.finish(_run_dir(self.run))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -122,14 +112,12 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return self._complete(context, event)
 
     def _complete(self, context: Any, event: dict[str, Any]) -> Any:
-        from pipelines import training
-
         gang_json = event["watch"]["gang_json"]
-        if event["state"] == training.State.SUCCEEDED:
+        if event["state"] == train_stage.State.SUCCEEDED:
             return self.get_job_result(gang_json, context)
         self._report(gang_json, context)
-        handle = training.load(gang_json)
-        if training.canceled_by_user(handle):
+        handle = train_stage.load(gang_json)
+        if train_stage.canceled_by_user(handle):
             # Canceled, yet this try is alive: an earlier try's trigger canceled it after this try had
             # re-attached (a clear lands in both at once). Carry on as the clear meant: relaunch.
             log.info("gang %s was canceled by an earlier try of this task; relaunching from its newest "
@@ -138,21 +126,19 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             if store := context.get("task_state_store"):
                 store.set(self.external_id_key, external_id)
             return self.poll_until_complete(external_id, context)
-        if event["state"] == training.SUPERSEDED:  # another try launched since: a retry re-attaches to it
-            raise training.GangFailed(f"{event['detail']}; this try no longer owns the run's training")
+        if event["state"] == train_stage.SUPERSEDED:  # another try launched since: a retry re-attaches to it
+            raise train_stage.GangFailed(f"{event['detail']}; this try no longer owns the run's training")
         attempt = handle.attempt
         log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
                   attempt, event["state"], event["detail"])
-        if event["state"] == training.TIMED_OUT:
-            raise training.GangTimedOut(event["detail"])
-        raise training.GangFailed(f"training gang {event['state']}: {event['detail']}")
+        if event["state"] == train_stage.TIMED_OUT:
+            raise train_stage.GangTimedOut(event["detail"])
+        raise train_stage.GangFailed(f"training gang {event['state']}: {event['detail']}")
 
     @staticmethod
     def _cancel_unless_running(context: Any, handle: Any) -> None:
         """A user acted on this try (its state is no longer ``running``) before the supervisor's
         SIGTERM arrived: cancel the gang here, since once deferred nobody would."""
-        from pipelines import training
-
         ti = context["ti"]
         mapped = ti.map_index is not None and ti.map_index >= 0  # a sweep member: the answer keys it task_mapindex
         try:
@@ -163,7 +149,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return
         state = states.get(ti.run_id, {}).get(f"{ti.task_id}_{ti.map_index}" if mapped else ti.task_id)
         if state != "running":
-            training.cancel(handle)
+            train_stage.cancel(handle)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
     def _run_key(self, context: Any) -> str:
@@ -173,16 +159,12 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         return self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"])
 
     def _config(self):
-        from pipelines import stages
-
-        return stages.load_run_config(_run_dir(self.run))
+        return load_run_config(_run_dir(self.run))
 
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""
-        from pipelines import training
-
         try:
-            if line := training.report(training.load(gang_json), self._run_key(context)):
+            if line := train_stage.report(train_stage.load(gang_json), self._run_key(context)):
                 log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)
@@ -192,9 +174,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         re-attached to (or is launching: a gang id names the process that made it), never a newer one
         another try started since. The worker gets a few seconds
         before SIGKILL, so this only signals; each node enforces the grace period itself."""
-        from pipelines import training
-
-        handle = training.current(_run_dir(self.run))
-        if handle and (handle.gang_id == self._gang_id or training.launched_here(handle)):
-            training.cancel(handle)
+        handle = train_stage.current(_run_dir(self.run))
+        if handle and (handle.gang_id == self._gang_id or train_stage.launched_here(handle)):
+            train_stage.cancel(handle)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)

@@ -1,7 +1,7 @@
 """The training gang on Kubernetes: headless Service (setup) → Indexed Job → delete both (teardown).
 
 Built on the cncf-kubernetes provider's pod-operator family: ``GangJob`` is its
-``KubernetesJobOperator`` fed with the objects that ``pipelines.training.render_kubernetes`` makes from the
+``KubernetesJobOperator`` fed with the objects that ``pipelines.stages.train.render_kubernetes`` makes from the
 run's config, plus what a training gang needs on top of it:
 
 - **durable**: the Job's name is kept in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``),
@@ -13,24 +13,31 @@ run's config, plus what a training gang needs on top of it:
 
 The deployment picks the launcher when the DAG is parsed (``TAXIWAY_LAUNCHER=kubernetes``; a DAG's
 structure cannot depend on a run's conf), and only then does the DAG import this module (the
-provider costs about a second of parse time). Pipeline code is imported inside the tasks.
+provider costs about a second of parse time).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
+from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, KubernetesJobOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
 
-from pipelines.errors import BadInput, Transient
+from pipelines.errors import Transient
+from pipelines.stages import train as train_stage
+from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
-from taxiway_airflow.hooks.kubernetes import ignore_missing, remove_jobs
+from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.links import TRAIN_LINKS
+from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, render_for_run
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
 log = logging.getLogger("taxiway")
@@ -40,34 +47,12 @@ def training_gang(run: Any, **job_kwargs: Any) -> tuple[Any, Any]:
 
     Returns (first, gang) so the caller chains ``upstream >> first`` and ``gang >> downstream``.
     """
-    from taxiway_airflow.tasks import delete_gang, gang_service
-
     service = gang_service.override(task_id="service")(run)
     job_kwargs = {"retries": 3, "retry_exponential_backoff": 2.0, **job_kwargs}
     gang = GangJob(task_id="gang", run=run, **job_kwargs)
     teardown = delete_gang.override(task_id="teardown")(run)
     service >> gang >> teardown.as_teardown(setups=service)
     return service, gang
-
-
-# --- rendering from the run folder ---------------------------------------------------------
-
-def render_for_run(run: dict[str, Any], run_id: str, try_number: int):
-    """The run's config and its gang's objects for one try; refuses what the pods could not run."""
-    from pipelines import stages, training
-
-    run_dir = Path(run["run_dir"])
-    cfg = stages.load_run_config(run_dir)
-    k = cfg.compute.kubernetes
-    if cfg.compute.launcher != "kubernetes":
-        raise BadInput(
-            f"compute.launcher is {cfg.compute.launcher!r}, but this deployment trains on Kubernetes "
-            "(TAXIWAY_LAUNCHER=kubernetes); set compute.launcher: kubernetes")
-    if not run_dir.is_relative_to(k.mount_path):
-        raise BadInput(
-            f"run folder {run_dir} is not under compute.kubernetes.mount_path ({k.mount_path}): the pods "
-            "would not find it; mount the volume there on the Airflow workers and set TAXIWAY_HOME to it")
-    return cfg, training.render_kubernetes(cfg, run_dir, run_id, try_number)
 
 
 # --- the Job ---------------------------------------------------------------------------------
@@ -94,10 +79,6 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         The pod spec goes in ``full_pod_spec`` only: the provider appends list fields (env, volumes)
         of ``full_job_spec``'s template to the pod it builds, so that template carries metadata only.
         """
-        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX
-
-        from pipelines.training import CONTAINER
-
         template = gang.job["spec"]["template"]
         job = {**gang.job, "spec": {**gang.job["spec"], "template": {"metadata": template["metadata"]}}}
         self.full_job_spec = _model(job, "V1Job")
@@ -106,7 +87,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.name = gang.job_name.removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
         self.namespace = gang.namespace
         self.parallelism = self.completions = gang.job["spec"]["parallelism"]
-        self.base_container_name = CONTAINER
+        self.base_container_name = train_stage.CONTAINER
         self.termination_message_policy = template["spec"]["containers"][0]["terminationMessagePolicy"]
         self.kubernetes_conn_id = connection_id
         self.gang = gang
@@ -124,7 +105,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
     # ResumableJobMixin -----------------------------------------------------------------------
     def submit_job(self, context: Any) -> dict[str, str]:
         cfg = self._config()
-        removed = remove_jobs(self.hook, self.gang.namespace, self.gang.service_name,
+        removed = cluster.remove_jobs(self.hook, self.gang.namespace, self.gang.service_name,
                               wait_s=cfg.compute.kubernetes.termination_grace_s + 60)
         if removed:
             log.info("stopped %d Job(s) of earlier tries before starting try %d", removed,
@@ -137,7 +118,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return {"name": self.job.metadata.name, "namespace": self.job.metadata.namespace}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        job = ignore_missing(self.hook.get_job_status, external_id["name"], external_id["namespace"])
+        job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
         if job is None:
             return "missing"
         if self.hook.is_job_successful(job):
@@ -151,8 +132,6 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return status == "succeeded"
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
-        from kubernetes.client import models as k8s
-
         self.job = k8s.V1Job(metadata=k8s.V1ObjectMeta(name=external_id["name"], namespace=external_id["namespace"]))
         self.pods = self.get_pods(pod_request_obj=self.pod_request_obj, context=context)
         if self.deferrable:
@@ -160,14 +139,10 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         job = self.hook.wait_until_job_complete(job_name=self.job.metadata.name, namespace=self.job.metadata.namespace,
                                                 job_poll_interval=self.job_poll_interval)
         if error := self.hook.is_job_failed(job=job):
-            from pipelines.training import GangFailed
-
-            raise GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
+            raise train_stage.GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, str]:
-        from pipelines import training
-
-        model_dir = training.finish(Path(self.run["run_dir"]))
+        model_dir = train_stage.finish(Path(self.run["run_dir"]))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -203,17 +178,10 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return pods
 
     def _config(self):
-        from pipelines import stages
-
-        return stages.load_run_config(Path(self.run["run_dir"]))
+        return load_run_config(Path(self.run["run_dir"]))
 
 
 def _model(obj: dict[str, Any], kind: str) -> Any:
     """A plain manifest as the client's model object (``V1Job``, ``V1Pod``), through the client's
     public ``deserialize``, which reads a response's JSON ``data``."""
-    import json
-    from types import SimpleNamespace
-
-    from kubernetes.client import ApiClient
-
     return ApiClient().deserialize(SimpleNamespace(data=json.dumps(obj)), kind)

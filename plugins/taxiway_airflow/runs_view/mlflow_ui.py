@@ -63,7 +63,7 @@ def find_run(run_key: str, folder: Path) -> str | None:
     the run the training sensor opened (tag ``taxiway.run_key``) in the run's experiment."""
     from pipelines.registry.client import client
     from pipelines.registry.runs import RUN_KEY_TAG, literal
-    from pipelines.stages import load_run_config
+    from pipelines.stages.prepare import load_run_config
     from taxiway_airflow import mlflow_connection
     from taxiway_airflow.runs_view.folder import registry
 

@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.configuration import conf
 
+from pipelines.stages import train as train_stage
 from taxiway_airflow.failures import failure_kinds
 
 log = logging.getLogger("taxiway")
@@ -18,7 +19,7 @@ POKE_INTERVAL_S = 5.0  # the deployment may set it: [taxiway] checkpoint_poke_s 
 
 
 class CheckpointSensor(BaseSensorOperator):
-    """Pokes ``training.final_checkpoint_ready`` (rescheduled between pokes: holds no worker slot)."""
+    """Pokes ``train_stage.final_checkpoint_ready`` (rescheduled between pokes: holds no worker slot)."""
 
     template_fields = ("run",)
 
@@ -30,9 +31,7 @@ class CheckpointSensor(BaseSensorOperator):
         self.run = run
 
     def poke(self, context: Any) -> bool:
-        from pipelines import training
-
         with failure_kinds():
-            ready, reason = training.final_checkpoint_ready(Path(self.run["run_dir"]))
+            ready, reason = train_stage.final_checkpoint_ready(Path(self.run["run_dir"]))
         log.info("%s", reason)
         return ready

@@ -17,6 +17,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pipelines.stages import train as train_stage
+
 # Airflow 3.3 fails a resumed task if its trigger fires before the scheduler has drained the
 # executor's "success" for the try that deferred (apache/airflow#72716, #71580; fixes not yet
 # released): seen live when a cleared try re-attached to a gang that the previous try's trigger
@@ -51,36 +53,32 @@ class GangTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Watch this trigger's own gang (``watch.gang_id``): if ``gang.json`` already holds a newer
         one, another try owns the run's training and this trigger touches nothing."""
-        from pipelines import training
-
         started = time.monotonic()
-        watch = training.Watch(**self.watch)
-        handle = await asyncio.to_thread(training.load, watch.gang_json)
+        watch = train_stage.Watch(**self.watch)
+        handle = await asyncio.to_thread(train_stage.load, watch.gang_json)
         if handle.gang_id == watch.gang_id:
-            await asyncio.to_thread(training.take_over, handle)
+            await asyncio.to_thread(train_stage.take_over, handle)
         reported = time.monotonic()
         while True:
             result = await asyncio.to_thread(watch.check)
-            if result["state"] != training.State.RUNNING:
+            if result["state"] != train_stage.State.RUNNING:
                 break
             if time.monotonic() - reported >= self.report_every_s:
                 reported = time.monotonic()
                 await self._report()
             await asyncio.sleep(self.poll_s)
-        if result["state"] not in (training.State.SUCCEEDED, training.SUPERSEDED):
-            killed = await asyncio.to_thread(training.cleanup, handle, self.cancel_grace_s)
+        if result["state"] not in (train_stage.State.SUCCEEDED, train_stage.SUPERSEDED):
+            killed = await asyncio.to_thread(train_stage.cleanup, handle, self.cancel_grace_s)
             result["detail"] += f" (processes killed at cleanup: {killed})"
-        if result["state"] != training.SUPERSEDED:
+        if result["state"] != train_stage.SUPERSEDED:
             await self._report()
         await asyncio.sleep(max(0.0, min_event_delay_s() - (time.monotonic() - started)))
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
         """Log one progress line and ship new metrics lines to MLflow; never fails the watch."""
-        from pipelines import training
-
         try:
-            line = await asyncio.to_thread(lambda: training.report(training.load(self.watch["gang_json"]), self.run_id))
+            line = await asyncio.to_thread(lambda: train_stage.report(train_stage.load(self.watch["gang_json"]), self.run_id))
         except Exception as exc:  # tracking server away: the lines stay unshipped and go next time
             self.log.warning("could not report progress yet: %s", exc)
             return
@@ -90,11 +88,9 @@ class GangTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """Airflow 3.3's triggerer calls this when a user acted on the deferred task (mark failed or
         success, clear, delete the run), not when the triggerer itself stops: cancel this gang."""
-        from pipelines import training
-
-        handle = training.load(self.watch["gang_json"])
+        handle = train_stage.load(self.watch["gang_json"])
         if handle.gang_id != self.watch["gang_id"]:  # a newer try already replaced it: not ours to stop
             return
-        await asyncio.to_thread(training.cancel, handle)
+        await asyncio.to_thread(train_stage.cancel, handle)
         self.log.info("canceled gang %s: SIGTERM sent; its nodes SIGKILL what is left after %gs",
                       handle.gang_id, self.cancel_grace_s)

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 
-from taxiway_airflow.hooks.kubernetes import connect, ignore_missing
+from taxiway_airflow.hooks import kubernetes as cluster
 
 
 class GangJobTrigger(KubernetesJobTrigger):
@@ -18,6 +18,5 @@ class GangJobTrigger(KubernetesJobTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def on_kill(self) -> None:
-        hook = connect(self.kubernetes_conn_id)
-        await asyncio.to_thread(ignore_missing, hook.batch_v1_client.delete_namespaced_job, self.job_name,
-                                self.job_namespace, propagation_policy="Foreground")
+        hook = cluster.connect(self.kubernetes_conn_id)
+        await asyncio.to_thread(cluster.delete_job, hook, self.job_namespace, self.job_name)

@@ -1,6 +1,6 @@
 """The stages ``taxiway_sweep`` chains after the shared preflight → tokenize: the member run folders,
 one mapped task group per member (smoke → gang → final checkpoint → evaluation), the ranking, and
-the registration of the best member. Wiring only: task bodies live in ``sweep_tasks`` and ``tasks``."""
+the registration of the best member. Wiring only: task bodies live in ``tasks/sweep.py`` and ``tasks/train.py``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 from airflow.sdk import TaskGroup, task_group
 
-from taxiway_airflow import sweep_tasks, tasks
 from taxiway_airflow.links import MlflowRunLink, ModelVersionLink, with_links
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
+from taxiway_airflow.tasks import sweep as sweep_tasks
+from taxiway_airflow.tasks import train as tasks
 
 
 @task_group(group_id="member", **STAGES["member"]._asdict())

@@ -1,5 +1,5 @@
 """The stages the DAGs chain after their config task: preflight → tokenize → train → evaluate →
-register, as task groups. Wiring only: task bodies live in ``tasks``, operators in ``operators``."""
+register, as task groups. Wiring only: task bodies live in ``tasks/``, operators in ``operators/``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 from airflow.sdk import TaskGroup
 
-from taxiway_airflow import tasks
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
+from taxiway_airflow.tasks import train as tasks
 
 
 def launcher() -> str:
@@ -46,18 +46,19 @@ def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
         shards = tasks.tokenize_plan.override(task_id="tokenizer")(run)
         scanned >> shards
         encoded = tasks.tokenize_shard.override(task_id="shard").partial(run=run).expand(shard=shards)
-        pack = tasks.tokenize.override(task_id="pack")(run)
+        pack = tasks.tokenize_pack.override(task_id="pack")(run)
         encoded >> pack
 
     gate >> pack
     return preflight, tokenize
 
 
-def stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
+def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
     preflight, tokenize = data_stages(run)
     with TaskGroup("train", **STAGES["train"]._asdict()) as train:
         if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
+            # the provider's operator costs ~1 s of every parse: imported only on this launcher
             from taxiway_airflow.operators.kubernetes import training_gang
 
             service, gang = training_gang(run, retry_delay=timedelta(seconds=10),

@@ -1,4 +1,4 @@
-"""Task callables of the ``taxiway_sweep`` DAG: thin wrappers around ``pipelines.sweep``. A member's
+"""Tasks of ``taxiway_sweep``: thin wrappers around ``pipelines.sweep``. A member's
 own stages (smoke, gang, evaluation) are the single run's tasks, given the member's run folder."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ from typing import Any
 
 from airflow.sdk import get_current_context, task
 
+from pipelines import run_folder
+from pipelines.config import ConfigError
+from pipelines.sweep import members as sweep_members
+from pipelines.sweep import points, ranking, registration
 from taxiway_airflow.failures import translated
-from taxiway_airflow.tasks import TASK, conf_config, prepared
+from taxiway_airflow.params import check_conf
+from taxiway_airflow.tasks.common import TASK, conf_config, prepared
 
 log = logging.getLogger("taxiway")
 
@@ -20,11 +25,6 @@ log = logging.getLogger("taxiway")
 def resolve_sweep() -> dict[str, Any]:
     """Config as ``resolve_config`` makes it, and the ``sweep`` param checked against it: every point
     must give a valid RunConfig, so a bad key or value fails here (never retried), naming point and key."""
-    from pipelines import run_folder
-    from pipelines.config import ConfigError
-    from pipelines.sweep import points
-    from taxiway_airflow.params import check_conf
-
     ctx = get_current_context()
     conf = dict(ctx["dag_run"].conf or {})
     if "sweep" not in conf:
@@ -47,9 +47,6 @@ def resolve_sweep() -> dict[str, Any]:
 def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One run folder per point, sharing this run's preflight and packed data; the list is what the
     member task group is mapped over."""
-    from pipelines import run_folder
-    from pipelines.sweep import members as sweep_members
-
     ctx = get_current_context()
     out = sweep_members.write(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]))
     log.info("%d member run folder(s) under %s", len(out), Path(run["run_dir"]) / "sweep")
@@ -61,9 +58,6 @@ def members(run: dict[str, Any]) -> list[dict[str, Any]]:
 def rank() -> dict[str, Any]:
     """Rank the members that were evaluated; runs when every member ended and one at least succeeded
     (its only upstream are the members' last tasks: a sweep that failed earlier leaves it upstream_failed)."""
-    from pipelines import run_folder
-    from pipelines.sweep import ranking
-
     ctx = get_current_context()
     result = ranking.rank(run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"]))
     log.info("%s", ranking.summary(result))
@@ -75,9 +69,6 @@ def rank() -> dict[str, Any]:
 @translated
 def register_best(run: dict[str, Any]) -> dict[str, Any]:
     """Every member a child MLflow run of the sweep's run; the best registered. Idempotent per Airflow run."""
-    from pipelines import run_folder
-    from pipelines.sweep import registration
-
     ctx = get_current_context()
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
     result = registration.register(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]), airflow)

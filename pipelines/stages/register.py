@@ -1,0 +1,76 @@
+"""Registration (docs/registry.md): the model logged and registered in MLflow with its lineage,
+then ``champion`` moved to it only on a pass (and, for a refresh, only while its parent holds it),
+else ``challenger``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipelines import registry
+from pipelines.config import RunConfig
+from pipelines.refresh import ledger
+from pipelines.refresh.plan import RefreshPlan
+from pipelines.run_folder import RunFolder
+from pipelines.stages import evaluate
+from pipelines.stages.prepare import require
+from trainer import fsio
+
+log = logging.getLogger("taxiway.stages")
+
+
+def run(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | None = None,
+        refresh: RefreshPlan | None = None) -> dict[str, Any]:
+    """Log and register the model (idempotent per ``run_key``), then move ``champion`` or
+    ``challenger`` to it. This stage owns re-evaluation: when the champion moved since the model
+    was evaluated, it is evaluated again against the new champion and promotion is tried again, at
+    most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``.
+    A refresh (``refresh``: its plan) is not re-evaluated: it continues its parent, so a champion that
+    is no longer that parent leaves it ``challenger`` and its batches new to the champion's next refresh."""
+    folder, reg = RunFolder(run_dir), cfg.registry
+    report = json.loads(require(folder.eval_report, "evaluate").read_text())
+    registered = registry.register(cfg, run_dir, run_key, report, airflow)
+    if refresh is not None:
+        ledger.record(reg, registered, run_dir, refresh.parent_ledger, refresh.new)
+    outcome = registry.promote(reg, registered.version, report)
+    if refresh is not None and isinstance(outcome, registry.ChampionMoved):
+        outcome = registry.set_challenger(reg, registered.version, refresh.parent_moved(outcome))
+    for attempt in range(1, reg.max_reevaluations + 1):
+        if not isinstance(outcome, registry.ChampionMoved):
+            break
+        log.info("champion of %s is version %s, not %s as evaluated: evaluating again against it",
+                 reg.model_name, outcome.found, outcome.expected or "none (floor)")
+        report = evaluate.run(cfg, run_dir, outcome.baseline)
+        registry.record_reevaluation(reg, registered, run_dir, report, attempt)
+        outcome = registry.promote(reg, registered.version, report)
+    if isinstance(outcome, registry.ChampionMoved):
+        outcome = registry.set_challenger(reg, registered.version, outcome.reason)
+    result = registered.record(outcome.alias, outcome.reason)
+    fsio.write_json(folder.registry_record, result)
+    return result
+
+
+def summary(run_dir: Path) -> str:
+    """The registered run in a dozen lines, for a person at a terminal."""
+    folder = RunFolder(run_dir)
+    reg = json.loads(require(folder.registry_record, "register").read_text())
+    ev = json.loads(folder.eval_report.read_text())
+    c, b, g = ev["candidate"], ev["baseline"], ev["gate"]
+    return "\n".join([
+        "Taxiway run summary",
+        f"  registered model : {reg['model_name']} version {reg['version']} (alias '{reg['alias']}')",
+        f"  model URI        : {reg['uri']}",
+        f"  validation       : {c['loss']:.4f} nats/token, {c['bits_per_byte']:.4f} bits/byte, "
+        f"perplexity {c['perplexity']:.2f}",
+        f"  baseline         : {b['label']}{' (' + b['note'] + ')' if b.get('note') else ''}: "
+        f"{b['loss']:.4f} nats/token, {b['bits_per_byte']:.4f} bits/byte",
+        f"  gate             : {'PASSED' if ev['passed'] else 'FAILED'} - improvement {g['improvement_bpb']:+.4f} "
+        f"bits/byte, {g['confidence']:.0%} lower bound {g['lower_bpb']:+.4f} (required > 0 and "
+        f">= {g['min_improvement']:+.4f})",
+        f"  alias reason     : {reg.get('reason', ev['reason'])}",
+        f"  MLflow run       : {reg['run_id']} (experiment '{reg['experiment']}')",
+        f"  run folder       : {run_dir}",
+        f"  report           : {folder.eval / 'report.md'}",
+    ])
