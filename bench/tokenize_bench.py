@@ -9,7 +9,7 @@ Same texts, same tokenizer (8192-token byte-level BPE trained on the demo train 
   (ids as one uint32 buffer each, no Python ints) on a pool of the process's cores, one ``Encoding``
   per thread, over the same texts in memory;
 - hf_fast: HF ``Tokenizer.encode_batch_fast`` (no offsets) over the same texts in memory;
-- taxiway: ``pipelines.tokenize.run`` end to end (manifest, read files, encode, pack windows,
+- taxiway: ``pipelines.tokenize.pack_splits`` end to end (manifest, read files, encode, pack windows,
   write shards and the token cache), cold cache, then warm (cache hit).
 
 Every method runs on one core (pinned) and on all cores, each measurement in a fresh process,

@@ -8,6 +8,7 @@ names the main file written. Without ``--run-dir`` a run folder is derived from 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,10 +19,14 @@ from typing import Annotated
 
 import typer
 
-from pipelines import run_folder, stages
+from pipelines import manifest, run_folder, stages
 from pipelines.config import RunConfig, load_config
+from pipelines.demo_data import write_demo_data
 from pipelines.errors import BadInput, CheckFailed, kind_of
 from pipelines.heap import set_policy
+from pipelines.refresh import announce
+from pipelines.refresh import landing as zone
+from pipelines.refresh.plan import RefreshPlan
 from pipelines.run_folder import RunFolder
 from pipelines.stages.prepare import prepare
 
@@ -50,8 +55,6 @@ def _setup(config: Path, overrides: list[str] | None, run_dir: Path | None) -> t
 def _guard(fn):
     """One clear line and the kind's exit code (2 bad input, 1 check failed, 3 try again),
     whatever the stage; an unexpected error keeps its traceback."""
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -71,8 +74,6 @@ def _guard(fn):
 def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[int | None, typer.Option()] = None,
               force: bool = False) -> None:
     """Write a demo corpus (train/, val/, manifest.jsonl) from the standard library's sources."""
-    from pipelines.demo_data import write_demo_data
-
     typer.echo(write_demo_data(out_dir, seed=seed, max_files=max_files, force=force))
 
 
@@ -80,8 +81,6 @@ def demo_data(out_dir: Path, seed: int = 0, max_files: Annotated[int | None, typ
 @_guard
 def manifest_cmd(data_dir: Path, output: Annotated[Path | None, typer.Option("-o", "--output")] = None) -> None:
     """Write a manifest for DATA_DIR/train and DATA_DIR/val (default DATA_DIR/manifest.jsonl)."""
-    from pipelines import manifest
-
     entries = manifest.scan(data_dir)
     typer.echo(manifest.write(output or Path(data_dir) / "manifest.jsonl", entries))
 
@@ -109,7 +108,7 @@ def tokenize(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
                              "as the DAG's mapped tasks do (default: one process on every core)")] = None) -> None:
     """Train the tokenizer and pack both splits (reused from the cache when inputs are unchanged)."""
     cfg, folder = _setup(config, set, run_dir)
-    packed = stages.tokenize.run(cfg, folder, workers)
+    packed = stages.tokenize.run(cfg, folder, workers, RefreshPlan.of_run(folder))
     stats = packed.manifest()
     typer.echo(f"{'cache hit' if packed.cache_hit else 'packed'}: "
                + ", ".join(f"{s}: {v['windows']} windows, {v['tokens']} tokens" for s, v in stats["splits"].items()))
@@ -137,7 +136,7 @@ def _progress(folder: Path):
 def evaluate(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None) -> None:
     """Score the trained model against the baseline; exit 1 when the gate fails."""
     cfg, folder = _setup(config, set, run_dir)
-    report = stages.evaluate.run(cfg, folder)
+    report = stages.evaluate.run(cfg, folder, refresh=RefreshPlan.of_run(folder))
     typer.echo(report["reason"])
     typer.echo(RunFolder(folder).eval_report)
     if not report["passed"]:
@@ -150,7 +149,7 @@ def register(config: ConfigOpt, set: SetOpt = None, run_dir: RunDirOpt = None,
              run_key: Annotated[str | None, typer.Option(help="Idempotency key (default: run folder name)")] = None) -> None:
     """Log the run to MLflow and register the model; alias champion only if the gate passed."""
     cfg, folder = _setup(config, set, run_dir)
-    result = stages.register.run(cfg, folder, run_key or folder.name)
+    result = stages.register.run(cfg, folder, run_key or folder.name, refresh=RefreshPlan.of_run(folder))
     typer.echo(json.dumps(result))
     typer.echo(RunFolder(folder).registry_record)
 
@@ -212,7 +211,7 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
     run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
     pod_run_dir = run_folder.named_run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
     gang = stages.train.render_kubernetes(cfg, pod_run_dir, run_id, try_number)
-    typer.echo(stages.train.kubernetes_yaml(gang), nl=False)
+    typer.echo(gang.to_yaml(), nl=False)
 
 
 @app.command()
@@ -224,9 +223,6 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
                                                      "(default: $TAXIWAY_CONFIG)")] = None) -> None:
     """Land new data as a batch for taxiway_refresh: files, then manifest, then the completion marker;
     then, when TAXIWAY_AIRFLOW_URL is set, announce it to Airflow as an asset event."""
-    from pipelines.refresh import announce
-    from pipelines.refresh import landing as zone
-
     if landing is None:
         landing = _config_landing(config)
     announce.check()

@@ -199,7 +199,7 @@ def test_a_circle_through_an_in_function_and_a_relative_import_is_found(tmp_path
 
 
 STAGE_INTERNALS = ("pipelines.launch", "pipelines.preflight", "pipelines.tokenize")
-STAGE_CALLERS = ("taxiway_airflow", "taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep",
+STAGE_CALLERS = ("taxiway_airflow", "taxiway_plugin", "taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep",
                  "pipelines.cli", "pipelines.sweep")
 
 

@@ -229,7 +229,7 @@ def test_distinct_run_ids_get_distinct_names():
 def test_yaml_is_what_kubectl_reads():
     """Multi-document, Service first, no YAML aliases; loads back to the same objects."""
     gang = k8s.render(config(2, True), run_id=RUN_ID, try_number=1, command=COMMAND)
-    text = k8s.to_yaml(gang)
+    text = gang.to_yaml()
     assert "&id" not in text and "*id" not in text
     assert list(yaml.safe_load_all(text)) == gang.documents()
 

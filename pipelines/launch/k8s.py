@@ -45,6 +45,10 @@ class Gang:
     service: dict[str, Any]
     job: dict[str, Any]
 
+    def to_yaml(self) -> str:
+        """Multi-document YAML, Service first, for ``kubectl apply -f -``."""
+        return yaml.dump_all(self.documents(), Dumper=_PlainDumper, sort_keys=False)
+
     @property
     def job_name(self) -> str:
         return self.job["metadata"]["name"]
@@ -218,11 +222,6 @@ def _pod_spec(cfg: RunConfig, run_id: str, try_number: int, job_name: str, servi
     if k.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": name} for name in k.image_pull_secrets]
     return spec
-
-
-def to_yaml(gang: Gang) -> str:
-    """Multi-document YAML, Service first, for ``kubectl apply -f -``."""
-    return yaml.dump_all(gang.documents(), Dumper=_PlainDumper, sort_keys=False)
 
 
 class _PlainDumper(yaml.SafeDumper):

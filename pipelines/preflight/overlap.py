@@ -235,7 +235,7 @@ def judge_overlap(cfg: RunConfig, index: TrainIndex, val: Signed, root: storage.
 
 def warm() -> None:
     """Draw one throwaway plot (matplotlib loads fonts and its math-text parser on first use): half a
-    second, spent by a caller that has time to spare before it judges (``preflight.run``, while
+    second, spent by a caller that has time to spare before it judges (``stages.preflight.run``, while
     shards are scanned)."""
     _png(np.zeros(1), 0.5)
 

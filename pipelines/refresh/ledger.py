@@ -58,17 +58,17 @@ class Ledger:
         trained twice), and known ids whose manifest changed."""
         by_id = {b["id"]: b["manifest_sha256"] for b in self.batches}
         by_sha = {b["manifest_sha256"]: b["id"] for b in self.batches}
-        plan = Triage()
+        triage = Triage()
         for batch in landed:
             if batch.id in by_id:
                 if by_id[batch.id] != batch.manifest_sha256:
-                    plan.changed.append(batch)
+                    triage.changed.append(batch)
             elif batch.manifest_sha256 in by_sha:
-                plan.resent.append((batch, by_sha[batch.manifest_sha256]))
+                triage.resent.append((batch, by_sha[batch.manifest_sha256]))
             else:
                 by_sha[batch.manifest_sha256] = batch.id  # a second copy in this same landing is a re-send too
-                plan.new.append(batch)
-        return plan
+                triage.new.append(batch)
+        return triage
 
     def extended(self, new: list[Batch], version: str, trained: dict[str, list] | None = None) -> Ledger:
         """Add ``new`` as trained first by ``version``; ``trained`` (batch id → the train files it

@@ -50,13 +50,13 @@ class RefreshPlan:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RefreshPlan:
         batches = {k: tuple(Batch(**b) for b in doc[k]) for k in ("new", "changed", "held")}
-        return cls(doc["landing"], doc["champion"], tuple(doc["ledger"]), batches["new"], tuple(doc["resent"]),
-                   batches["changed"], batches["held"], tuple(doc["quarantined"]), tuple(doc["invalid"]),
-                   doc["base_data"], doc["reason"])
+        rows = {k: tuple(doc[k]) for k in ("ledger", "resent", "quarantined", "invalid")}
+        return cls(landing=doc["landing"], champion=doc["champion"], base_data=doc["base_data"], reason=doc["reason"],
+                   **batches, **rows)
 
     @classmethod
     def load(cls, run_dir: Path) -> RefreshPlan:
-        """The plan ``decide`` wrote for this run."""
+        """The plan ``stages.refresh.plan`` wrote for this run."""
         return cls.from_json(json.loads(RunFolder(run_dir).refresh_plan.read_text()))
 
     @classmethod
@@ -87,6 +87,8 @@ class RefreshPlan:
         """The held-out new data (``assemble`` placed it) as a config whose val split it is; None when
         every held-out document repeated trained data."""
         assembled = RunFolder(run_dir).refresh_assembled
+        if not assembled.exists():
+            raise BadInput(f"{assembled}: missing; run the refresh's 'assemble' step first")
         if not json.loads(assembled.read_text())["fresh_files"]:
             return None
         out = layout(cfg, run_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,8 @@ def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: Ref
                                    e.bootstrap_samples, e.seed)
     report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
                                str(folder.model))
-    fresh_data = refresh.fresh_data(cfg, run_dir) if refresh is not None else None
-    if chosen is not None and fresh_data is not None:  # a refresh: judged on the new data too
+    fresh_data = refresh.fresh_data(cfg, run_dir) if refresh is not None and chosen is not None else None
+    if fresh_data is not None:  # a refresh: judged on its held-out new data too
         fresh_packed = Path(json.loads(require(folder.fresh_packed_link, "tokenize").read_text())["path"])
         cand_f = score(candidate, fresh_packed, "val", e.batch_size, e.max_batches, device)
         base_f = score(model, _baseline_packed(fresh_data, fresh_packed, chosen.folder),
@@ -86,27 +87,34 @@ def _baseline_packed(data: RunConfig, packed: Path, baseline_dir: Path) -> Path:
 
 
 def continuations(model_ref: str, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None,
-                  seed: int, device: str) -> list[str]:
+                  seed: int, device: str) -> Iterator[str]:
     """Each prompt continued by a registered model (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``)
-    or a model folder: weights and tokenizer come from MLflow, checked against the recorded sha256."""
-    from eval.generate import complete  # torch: as in ``run``
-    from eval.model_files import load_model, resolve_device
+    or a model folder, one at a time: weights and tokenizer come from MLflow, checked against the
+    recorded sha256."""
+    from eval.model_files import load_model, resolve_device  # torch: as in ``run``
 
     folder, sha256 = registry.fetch_model(model_ref)
-    model, _ = load_model(folder, resolve_device(device), sha256)
-    eos = TokenizerConfig().eos_token
-    tok = bpe.load(folder / "tokenizer.json", eos)
-    return [complete(model, tok, text, max_new_tokens, temperature, top_k, seed + i, tok.token_to_id(eos),
-                     resolve_device(device)) for i, text in enumerate(prompts)]
+    device = resolve_device(device)
+    model, _ = load_model(folder, device, sha256)
+    yield from _continue(model, folder / "tokenizer.json", TokenizerConfig().eos_token, prompts, max_new_tokens,
+                         temperature, top_k, seed, device)
 
 
 def _generations(cfg: RunConfig, model: Any, packed: Path, device: str) -> list[dict[str, Any]]:
     """The candidate's continuations of ``eval.prompts``, seeded, for a person to read."""
+    e = cfg.eval
+    texts = _continue(model, packed / "tokenizer.json", cfg.tokenizer.eos_token, e.prompts, e.generate_tokens,
+                      e.temperature, e.top_k, e.seed, device)
+    return [{"prompt": prompt, "seed": e.seed + i, "temperature": e.temperature, "top_k": e.top_k, "text": text}
+            for i, (prompt, text) in enumerate(zip(e.prompts, texts, strict=True))]
+
+
+def _continue(model: Any, tokenizer: Path, eos_token: str, prompts: list[str], max_new_tokens: int,
+              temperature: float, top_k: int | None, seed: int, device: str) -> Iterator[str]:
+    """Prompt ``i`` continued with seed ``seed + i``, stopping at ``eos_token``."""
     from eval.generate import complete  # torch: as in ``run``
 
-    e = cfg.eval
-    tok = bpe.load(packed / "tokenizer.json", cfg.tokenizer.eos_token)
-    eos = tok.token_to_id(cfg.tokenizer.eos_token)
-    return [{"prompt": prompt, "seed": e.seed + i, "temperature": e.temperature, "top_k": e.top_k,
-             "text": complete(model, tok, prompt, e.generate_tokens, e.temperature, e.top_k, e.seed + i, eos, device)}
-            for i, prompt in enumerate(e.prompts)]
+    tok = bpe.load(tokenizer, eos_token)
+    eos = tok.token_to_id(eos_token)
+    for i, prompt in enumerate(prompts):
+        yield complete(model, tok, prompt, max_new_tokens, temperature, top_k, seed + i, eos, device)

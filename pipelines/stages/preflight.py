@@ -26,7 +26,7 @@ from trainer import fsio
 log = logging.getLogger("taxiway.preflight")
 
 
-def plan(cfg: RunConfig, run_dir: Path, min_shards: int = 1, max_shards: int | None = None) -> list[int]:
+def plan(cfg: RunConfig, run_dir: Path, *, min_shards: int = 1, max_shards: int | None = None) -> list[int]:
     """Remove an earlier attempt's results, cut the corpus into shards and save the plan; the shard
     ids (what the Airflow scan tasks map over)."""
     folder = RunFolder(run_dir)

@@ -17,7 +17,7 @@ from pipelines.run_folder import RunFolder
 from pipelines.stages.prepare import load_run_config
 from trainer import fsio
 
-__all__ = ["Decision", "NothingNew", "RefreshPlan", "assemble", "plan"]
+__all__ = ["NothingNew", "assemble", "plan"]
 
 
 def plan(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
@@ -52,11 +52,12 @@ def plan(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
     else:
         reason = f"refreshing {champion} on {', '.join(b.id for b in new)}: " + "; ".join(notes)
     run_cfg = refresh_config(cfg, run_dir, champion) if champion and new else None
-    made = RefreshPlan(cfg.refresh.landing, champion, tuple(ledger.batches), tuple(new),
-                       tuple({**asdict(b), "repeats": twin} for b, twin in triage.resent), tuple(triage.changed),
-                       tuple(taken.held), tuple({**asdict(b), "attempts": runs} for b, runs in taken.quarantined),
-                       tuple({"folder": name, "reason": why} for name, why in invalid),
-                       base_data(cfg, ledger, champion), reason)
+    made = RefreshPlan(
+        landing=cfg.refresh.landing, champion=champion, ledger=tuple(ledger.batches), new=tuple(new),
+        resent=tuple({**asdict(b), "repeats": twin} for b, twin in triage.resent), changed=tuple(triage.changed),
+        held=tuple(taken.held), quarantined=tuple({**asdict(b), "attempts": runs} for b, runs in taken.quarantined),
+        invalid=tuple({"folder": name, "reason": why} for name, why in invalid),
+        base_data=base_data(cfg, ledger, champion), reason=reason)
     fsio.write_json(folder.refresh_plan, made.to_json())
     return Decision(reason, run_cfg)
 

@@ -34,7 +34,7 @@ def data(cfg: RunConfig, run_dir: Path) -> RunConfig:
     return cfg
 
 
-def plan(cfg: RunConfig, run_dir: Path, max_shards: int | None = None, min_shards: int = 1) -> list[dict[str, Any]]:
+def plan(cfg: RunConfig, run_dir: Path, *, max_shards: int | None = None, min_shards: int = 1) -> list[dict[str, Any]]:
     """Train or load the tokenizer and write the shards ``shard`` encodes (``tokenize/shards/``),
     between ``min_shards`` (as whole groups allow) and ``max_shards`` of them."""
     return sharding.plan(data(cfg, run_dir), RunFolder(run_dir).tokenize_shards, max_shards, min_shards)

@@ -40,7 +40,7 @@ from trainer import fsio
 
 __all__ = ["CONTAINER", "GANG_LABEL", "STALLED", "SUPERSEDED", "TIMED_OUT", "Gang", "GangFailed", "GangTimedOut", "Handle",
            "SmokeFailed", "State", "Watch", "cancel", "canceled_by_user", "cleanup", "current", "final_checkpoint_ready",
-           "finish", "hand_over", "launched_here", "load", "kubernetes_yaml", "progress_line", "progress_ticker", "render_kubernetes", "report",
+           "finish", "hand_over", "launched_here", "load", "progress_line", "progress_ticker", "render_kubernetes", "report",
            "run", "smoke", "spec", "started_up", "state", "submit", "take_over", "watch"]
 
 CONTAINER = k8s.CONTAINER      # the trainer's container in every node pod
@@ -166,11 +166,6 @@ def render_kubernetes(cfg: RunConfig, run_dir: Path, run_id: str, try_number: in
     """The gang's Service and Indexed Job for one try (the spec they run is ``spec``'s)."""
     command = launch_spec(cfg, run_dir, RunFolder(run_dir).trainer_spec).trainer_args()
     return k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)
-
-
-def kubernetes_yaml(gang: Gang) -> str:
-    """The gang's objects as the YAML ``kubectl apply -f`` reads."""
-    return k8s.to_yaml(gang)
 
 
 # both launchers -----------------------------------------------------------------------------------

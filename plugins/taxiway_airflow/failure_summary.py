@@ -25,6 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowException
+
+from pipelines.errors import BadInput, CheckFailed, Transient, kind_of
+from pipelines.run_folder import RunFolder, run_dir
+from taxiway_airflow.run_note import code, set_note, text
+from trainer import fsio
+
 log = logging.getLogger("taxiway")
 
 MAX_REASON = 300
@@ -56,7 +63,6 @@ class FailureSummary:
     def note(self) -> str:
         """The run's note (Markdown, shown in the grid). The reason quotes conf keys and file names, which
         a trigger or the data chose: every value goes in escaped, so none can add a link, image or HTML."""
-        from taxiway_airflow.run_note import code, text
 
         task, reason, next_ = code(self.task_id), text(self.reason), text(self.next)
         if self.member:
@@ -86,7 +92,6 @@ def one_line(text: str, limit: int = MAX_REASON) -> str:
 
 def _root_cause(exc: BaseException | None) -> BaseException | None:
     """The stage's own exception under Airflow's wrapper (``failures.failure_kinds`` chains it)."""
-    from airflow.sdk.exceptions import AirflowException
 
     while isinstance(exc, AirflowException) and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -94,7 +99,6 @@ def _root_cause(exc: BaseException | None) -> BaseException | None:
 
 
 def kind_label(exc: BaseException | None) -> str:
-    from pipelines.errors import kind_of
 
     kind = kind_of(exc) if exc is not None else None
     return kind.label if kind is not None else "unexpected error"
@@ -102,7 +106,6 @@ def kind_label(exc: BaseException | None) -> str:
 
 def advice(stage: str, task_id: str, kind: str, reason: str, run_folder: str, tries: int) -> str:
     """What to do next, from where it failed and what kind of failure it was."""
-    from pipelines.errors import BadInput, CheckFailed, Transient
 
     if task_id.startswith(SWEEP_MEMBER):
         return (f"nothing, for the sweep: the other members go on; to try this one again, clear {task_id} for its map "
@@ -135,7 +138,6 @@ def advice(stage: str, task_id: str, kind: str, reason: str, run_folder: str, tr
 
 def summarize(context: dict[str, Any], reason: str | None = None) -> FailureSummary:
     """A summary of the failed task in ``context``; ``reason`` when no exception is at hand."""
-    from pipelines.run_folder import RunFolder, run_dir
 
     ti = context["ti"]
     run_id, task_id = context["run_id"], ti.task_id
@@ -159,7 +161,6 @@ def _clear_number(context: dict[str, Any]) -> int:
 
 def earlier_summary(folder: Path, run_id: str, clear_number: int) -> FailureSummary | None:
     """The summary already in ``folder`` for this try of the run, if one is."""
-    from pipelines.run_folder import RunFolder
 
     try:
         earlier = FailureSummary(**json.loads(RunFolder(folder).failure_summary.read_text()))
@@ -170,9 +171,6 @@ def earlier_summary(folder: Path, run_id: str, clear_number: int) -> FailureSumm
 
 def record(summary: FailureSummary) -> None:
     """Write ``failure.json`` (atomically), set the note, and log the summary as the last line."""
-    from pipelines.run_folder import RunFolder
-    from taxiway_airflow.run_note import set_note
-    from trainer import fsio
 
     # written even when the run failed before its folder was made (resolve_config): the DAG's callback
     # then finds it instead of replacing the note with a poorer summary of its own. A sweep member's
@@ -194,7 +192,6 @@ def task_failed(context: dict[str, Any]) -> None:
 
 def dag_failed(context: dict[str, Any]) -> None:
     """``on_failure_callback`` of the DAG: keep the summary a task of this run wrote, else write one."""
-    from pipelines.run_folder import run_dir
 
     folder = run_dir(context["dag"].dag_id, context["run_id"])
     deadline = time.monotonic() + TASK_SUMMARY_WAIT_S

@@ -23,18 +23,16 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
+from pipelines import run_folder
 from pipelines.errors import BadInput
 from pipelines.stages import train as train_stage
 from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.links import TRAIN_LINKS
+from taxiway_airflow.tasks.common import run_dir_of
 from taxiway_airflow.triggers.gang import GangTrigger
 
 log = logging.getLogger("taxiway")
-
-
-def _run_dir(run: dict[str, Any]) -> Path:
-    return Path(run["run_dir"])
 
 
 class TrainGang(ResumableJobMixin, BaseOperator):
@@ -62,7 +60,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         if cfg.compute.launcher != "local":
             raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                            "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
-        handle = train_stage.submit(cfg, _run_dir(self.run))
+        handle = train_stage.submit(cfg, run_dir_of(self.run))
         self._gang_id = handle.gang_id
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
@@ -87,7 +85,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         handle = train_stage.load(external_id)
         self._gang_id = handle.gang_id
         cfg = self._config()
-        run_dir = _run_dir(self.run)
+        run_dir = run_dir_of(self.run)
         deadline = time.monotonic() + self.launch_confirm_s
         while (train_stage.state(handle) == train_stage.State.RUNNING and time.monotonic() < deadline
                and not train_stage.started_up(handle, run_dir)):
@@ -102,7 +100,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
         self._report(external_id, context)
-        model_dir = train_stage.finish(_run_dir(self.run))
+        model_dir = train_stage.finish(run_dir_of(self.run))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -154,12 +152,10 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def _run_key(self, context: Any) -> str:
         """The MLflow run the metrics go to: the Airflow run's, or a sweep member's own (its XCom names it)."""
-        from pipelines import run_folder
-
         return self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"])
 
     def _config(self):
-        return load_run_config(_run_dir(self.run))
+        return load_run_config(run_dir_of(self.run))
 
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""
@@ -174,7 +170,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         re-attached to (or is launching: a gang id names the process that made it), never a newer one
         another try started since. The worker gets a few seconds
         before SIGKILL, so this only signals; each node enforces the grace period itself."""
-        handle = train_stage.current(_run_dir(self.run))
+        handle = train_stage.current(run_dir_of(self.run))
         if handle and (handle.gang_id == self._gang_id or train_stage.launched_here(handle)):
             train_stage.cancel(handle)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +36,7 @@ from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.links import TRAIN_LINKS
+from taxiway_airflow.tasks.common import run_dir_of
 from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, render_for_run
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
@@ -142,7 +142,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
             raise train_stage.GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, str]:
-        model_dir = train_stage.finish(Path(self.run["run_dir"]))
+        model_dir = train_stage.finish(run_dir_of(self.run))
         log.info("training finished: %s", model_dir)
         return {"model_dir": str(model_dir)}
 
@@ -178,7 +178,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return pods
 
     def _config(self):
-        return load_run_config(Path(self.run["run_dir"]))
+        return load_run_config(run_dir_of(self.run))
 
 
 def _model(obj: dict[str, Any], kind: str) -> Any:

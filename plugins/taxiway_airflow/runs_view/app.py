@@ -21,9 +21,14 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from airflow.api_fastapi.core_api.security import DagAccessEntity, GetUserDep, requires_access_dag
+from airflow.models.dagrun import DagRun
+from airflow.utils.session import create_session
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from sqlalchemy import select
+from sqlalchemy.orm import joinedload
 
+from pipelines.run_folder import RunFolder, run_dir, run_key
 from taxiway_airflow.runs_view import folder as run_files
 from taxiway_airflow.runs_view import mlflow_ui, render
 
@@ -75,11 +80,6 @@ async def off_loop(key: Any, compute: Callable[[], T]) -> T:
 
 def _airflow_runs(dag_ids: tuple[str, ...], run_id: str | None = None) -> list[tuple[str, str, str, Any, str | None]]:
     """(dag_id, run_id, state, start_date, note) of the newest runs of ``dag_ids``, newest first."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-    from sqlalchemy.orm import joinedload
-
     query = select(DagRun).options(joinedload(DagRun.dag_run_note)).where(DagRun.dag_id.in_(dag_ids))
     if run_id is not None:
         query = query.where(DagRun.run_id == run_id)
@@ -89,8 +89,6 @@ def _airflow_runs(dag_ids: tuple[str, ...], run_id: str | None = None) -> list[t
 
 
 def _folder(dag_id: str, run_id: str) -> Path:
-    from pipelines.run_folder import run_dir
-
     return run_dir(dag_id, run_id)
 
 
@@ -106,7 +104,7 @@ def _root(request: Request) -> str:
 
 
 def _readable(user: Any) -> tuple[str, ...]:
-    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.app import get_auth_manager  # the api-server loads this app while building its own
 
     allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
     return tuple(d for d in DAG_IDS if d in allowed)
@@ -146,8 +144,6 @@ def create_app() -> FastAPI:
 
     @app.get("/runs/{dag_id}/{run_id}/comparison.png", dependencies=dag_access)
     async def comparison_plot(dag_id: str, run_id: str) -> FileResponse:
-        from pipelines.run_folder import RunFolder
-
         path = RunFolder((await _one(dag_id, run_id)).files.folder).comparison_plot
         if not await off_loop(("exists", str(path)), path.exists):
             raise HTTPException(404, f"{path}: not written (the run was not evaluated)")
@@ -155,8 +151,6 @@ def create_app() -> FastAPI:
 
     @app.get("/go/{target}/{dag_id}/{run_id}", dependencies=dag_access)
     async def go(request: Request, target: str, dag_id: str, run_id: str) -> Any:
-        from pipelines.run_folder import run_key
-
         row = await _one(dag_id, run_id)
         if target == "mlflow-run":
             key = run_key(dag_id, run_id)
@@ -179,8 +173,6 @@ def create_app() -> FastAPI:
         raise HTTPException(404, f"{target}: no such link (mlflow-run, model-version, eval-report, sweep-ranking)")
 
     async def _sweep_ranking(row: render.RunRow) -> HTMLResponse:
-        from pipelines.run_folder import RunFolder
-
         path = RunFolder(row.files.folder).sweep_ranking_summary
         markdown = await off_loop(("ranking", str(path)),
                                   lambda: path.read_text(errors="replace") if path.exists() else None)
@@ -189,8 +181,6 @@ def create_app() -> FastAPI:
         return HTMLResponse(render.sweep_ranking(row, markdown))
 
     async def _eval_report(request: Request, row: render.RunRow) -> HTMLResponse:
-        from pipelines.run_folder import RunFolder
-
         folder = RunFolder(row.files.folder)
 
         def read() -> tuple[str | None, bool]:

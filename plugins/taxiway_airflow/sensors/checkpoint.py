@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
@@ -11,6 +10,7 @@ from airflow.sdk.configuration import conf
 
 from pipelines.stages import train as train_stage
 from taxiway_airflow.failures import failure_kinds
+from taxiway_airflow.tasks.common import run_dir_of
 
 log = logging.getLogger("taxiway")
 
@@ -32,6 +32,6 @@ class CheckpointSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         with failure_kinds():
-            ready, reason = train_stage.final_checkpoint_ready(Path(self.run["run_dir"]))
+            ready, reason = train_stage.final_checkpoint_ready(run_dir_of(self.run))
         log.info("%s", reason)
         return ready

@@ -4,7 +4,6 @@ own stages (smoke, gang, evaluation) are the single run's tasks, given the membe
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import get_current_context, task
@@ -15,7 +14,7 @@ from pipelines.sweep import members as sweep_members
 from pipelines.sweep import points, ranking, registration
 from taxiway_airflow.failures import translated
 from taxiway_airflow.params import check_conf
-from taxiway_airflow.tasks.common import TASK, conf_config, prepared
+from taxiway_airflow.tasks.common import TASK, conf_config, prepared, run_dir_of
 
 log = logging.getLogger("taxiway")
 
@@ -48,8 +47,8 @@ def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One run folder per point, sharing this run's preflight and packed data; the list is what the
     member task group is mapped over."""
     ctx = get_current_context()
-    out = sweep_members.write(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]))
-    log.info("%d member run folder(s) under %s", len(out), Path(run["run_dir"]) / "sweep")
+    out = sweep_members.write(run_dir_of(run), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]))
+    log.info("%d member run folder(s) under %s", len(out), run_dir_of(run) / "sweep")
     return out
 
 
@@ -71,7 +70,7 @@ def register_best(run: dict[str, Any]) -> dict[str, Any]:
     """Every member a child MLflow run of the sweep's run; the best registered. Idempotent per Airflow run."""
     ctx = get_current_context()
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
-    result = registration.register(Path(run["run_dir"]), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]), airflow)
+    result = registration.register(run_dir_of(run), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]), airflow)
     log.info("registered member %s as %s version %s ('%s'); MLflow parent run %s", result["sweep_member"],
              result["model_name"], result["version"], result["alias"], result["parent_run_id"])
     return result

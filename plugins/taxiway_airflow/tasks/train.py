@@ -78,7 +78,7 @@ def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     ``shard`` tasks encode, no more than Airflow maps (``[core] max_map_length``); returns one small
     record per shard (the plan itself is in the run folder)."""
     run_dir = run_dir_of(run)
-    shards = tokenize_stage.plan(load_run_config(run_dir), run_dir, conf.getint("core", "max_map_length"))
+    shards = tokenize_stage.plan(load_run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
     log.info("%d shard(s) of %d file group(s), %d bytes", len(shards), sum(s["groups"] for s in shards),
              sum(s["bytes"] for s in shards))
     return shards

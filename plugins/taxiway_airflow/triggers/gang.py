@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.configuration import conf
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pipelines.stages import train as train_stage
@@ -30,8 +31,6 @@ MIN_EVENT_DELAY_S = 10.0
 
 
 def min_event_delay_s() -> float:
-    from airflow.configuration import conf
-
     return conf.getfloat("taxiway", "min_event_delay_s", fallback=MIN_EVENT_DELAY_S)
 
 
