@@ -153,3 +153,21 @@ def test_no_credential_in_the_mlflow_address_reaches_the_browser(airflow_db, mon
     assert mlflow_ui.model_version_url("m", "1") == expected
     monkeypatch.setenv("TAXIWAY_MLFLOW_UI_URL", "https://s3cr3ttoken:x-oauth-basic@mlflow.example.org/")
     assert mlflow_ui.model_version_url("m", "1") == expected
+
+
+def test_a_run_page_names_paths_under_taxiway_home_by_the_variable_not_the_machines_path(home: Path):
+    """The page (and its screenshots in docs/) shows ``$TAXIWAY_HOME/runs/…``, never where this
+    deployment's home happens to lie."""
+    from pipelines.run_folder import run_dir, taxiway_home
+    from taxiway_airflow.runs_view import folder as run_files
+    from taxiway_airflow.runs_view.render import RunRow, run_page
+
+    folder = run_dir("taxiway_train", "manual__1")
+    folder.mkdir(parents=True)
+    (folder / "events.jsonl").write_text(json.dumps(
+        {"time": "2026-12-04T20:48:49+00:00", "event": "exported", "level": "info",
+         "path": str(folder / "model"), "global_step": 30}) + "\n")
+    page = run_page(RunRow("taxiway_train", "manual__1", "success", None, None, run_files.read(folder, True)), "")
+    assert str(taxiway_home()) not in page
+    assert f"run folder $TAXIWAY_HOME/{folder.relative_to(taxiway_home())}" in page
+    assert f"path=$TAXIWAY_HOME/{(folder / 'model').relative_to(taxiway_home())}" in page

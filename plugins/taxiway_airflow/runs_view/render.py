@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from pipelines.run_folder import taxiway_home
 from taxiway_airflow.runs_view.folder import RunFiles
 
 STYLE = """
@@ -161,13 +162,19 @@ def _evaluation(report: dict[str, Any], eval_link: str) -> str:
             f"<p>{escape(str(report.get('reason', '')))}</p><p><a href='{eval_link}'>Full report</a></p>")
 
 
+def _home_relative(text: str) -> str:
+    """Paths under the deployment's home as ``$TAXIWAY_HOME/…``: where the home lies on this machine
+    says nothing to a reader, and a run folder's name stays readable in the space a page has."""
+    return text.replace(str(taxiway_home()), "$TAXIWAY_HOME")
+
+
 def _history(events: list[dict[str, Any]]) -> str:
     if not events:
         return "<p class='muted'>No trainer events yet.</p>"
     rows = "".join(
         f"<tr><td>{escape(str(e.get('time', '')))}</td><td>{escape(str(e.get('event', '')))}</td>"
         f"<td>{escape(str(e.get('level', '')))}</td><td class='muted'>"
-        f"{escape(', '.join(f'{k}={v}' for k, v in e.items() if k not in ('time', 'event', 'level', 'rank'))[:300])}"
+        f"{escape(_home_relative(', '.join(f'{k}={v}' for k, v in e.items() if k not in ('time', 'event', 'level', 'rank')))[:300])}"
         f"</td></tr>" for e in reversed(events))
     return f"<table><tr><th>time</th><th>event</th><th>level</th><th>details</th></tr>{rows}</table>"
 
@@ -180,7 +187,7 @@ def run_page(row: RunRow, root: str) -> str:
              f"{_num(st.get('restarts'), 'd')} · last checkpoint {_checkpoint(f)}</p>")
     note = f"<p><b>Note:</b> {escape(row.note)}</p>" if row.note else ""
     body = (f"<p><a href='{root}/runs'>← Training runs</a></p><h1>{escape(row.run_id)}</h1>"
-            f"<p class='muted'>{escape(row.dag_id)} · run folder {escape(str(f.folder))}</p>"
+            f"<p class='muted'>{escape(row.dag_id)} · run folder {escape(_home_relative(str(f.folder)))}</p>"
             f"{_failure(f.failure)}{note}{facts}<p>{run_links(row, root)}</p>"
             f"<h2>Loss</h2>{loss_curve(f.losses)}<h2>Preflight</h2>{_preflight(f.preflight)}"
             f"<h2>Evaluation</h2>{_evaluation(f.evaluation, f'{root}/go/eval-report/{dag}/{run}')}"
