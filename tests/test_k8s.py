@@ -449,6 +449,7 @@ class FakeKube:
         self.containers: dict[str, subprocess.Popen] = {}               # pod name → its running container
         self.lock = threading.Lock()
         self.run_pods = True
+        self.unavailable = 0  # the next N requests answer 503, as an API server whose control plane restarts
         handler = type("Handler", (_FakeKubeHandler,), {"kube": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -604,6 +605,17 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
         kind = {"services": "Service", "pods": "Pod", "jobs": "Job"}[plural]
         return kind, ns, (rest[0] if rest else None), (rest[1] if len(rest) > 1 else None), dict(parse_qsl(url.query))
 
+    def _unavailable(self) -> bool:
+        """Answer 503 while the test says the API server is unavailable (the request is still recorded)."""
+        with self.kube.lock:
+            if self.kube.unavailable <= 0:
+                return False
+            self.kube.unavailable -= 1
+        self.kube.requests.append((self.command, self.path))
+        self._body()  # read off the request body so the connection can carry the next request
+        self._status(503, "ServiceUnavailable")
+        return True
+
     def _send(self, code: int, body: Any) -> None:
         data = (body if isinstance(body, str) else json.dumps(body)).encode()
         self.send_response(code)
@@ -620,6 +632,8 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
         self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code})
 
     def do_GET(self) -> None:
+        if self._unavailable():
+            return
         kind, ns, name, sub, query = self._route()
         kube = self.kube
         with kube.lock:
@@ -636,6 +650,8 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
             return self._send(200, {k: v for k, v in obj.items() if k != "log"})
 
     def do_POST(self) -> None:
+        if self._unavailable():
+            return
         kind, ns, _, _, _ = self._route()
         body = self._body()
         kubernetes_validate.validate(body, VERSIONS[-1], strict=True)
@@ -651,6 +667,8 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
         self._send(201, body)
 
     def do_PATCH(self) -> None:
+        if self._unavailable():
+            return
         kind, ns, name, _, _ = self._route()
         patch = self._body()
         with self.kube.lock:
@@ -661,6 +679,8 @@ class _FakeKubeHandler(BaseHTTPRequestHandler):
         self._send(200, obj)
 
     def do_DELETE(self) -> None:
+        if self._unavailable():
+            return
         kind, ns, name, _, query = self._route()
         options = self._body()  # DeleteOptions may come as the body or as query parameters
         policy = query.get("propagationPolicy") or options.get("propagationPolicy")
@@ -822,3 +842,21 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
     assert delete_everything(k8s_run, RUN_ID) == 1
     assert not fake_kube.of("Job") and not fake_kube.of("Pod") and not fake_kube.of("Service")
     assert fake_kube.created == [f"Service/{service}", f"Job/{job_1}", f"Job/{job_2}", f"Job/{job_3}"]
+
+
+def test_cluster_calls_ride_out_an_unavailable_api_server_and_a_conflict_is_not_retried(
+        k8s_run: dict[str, str], fake_kube: FakeKube):
+    """Every cluster call goes through the provider's retry wrapper: a 503 is retried until the API
+    server answers; a 409 on create is the answer (the Service exists), never a retry."""
+    from taxiway_airflow.tasks.kubernetes import create_service, delete_everything
+
+    _, service = k8s.names(RUN_ID, 1)
+    fake_kube.unavailable = 2
+    assert create_service(k8s_run, RUN_ID)["service"] == service
+    posts = [r for r in fake_kube.requests if r[0] == "POST"]
+    assert len(posts) == 3 and set(fake_kube.of("Service")) == {service}, posts  # two 503s, then created
+    before = len(fake_kube.requests)
+    assert create_service(k8s_run, RUN_ID)["service"] == service  # 409: exists
+    assert [r[0] for r in fake_kube.requests[before:]] == ["POST"]
+    fake_kube.unavailable = 1
+    assert delete_everything(k8s_run, RUN_ID) == 0 and not fake_kube.of("Service")
