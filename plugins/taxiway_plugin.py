@@ -15,6 +15,7 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 from taxiway_airflow import mlflow_connection
+from taxiway_airflow.trigger_guard import TriggerConfGuard
 
 URL_PREFIX = "/taxiway"
 
@@ -37,6 +38,7 @@ class TaxiwayPlugin(AirflowPlugin):
     name = "taxiway"
     listeners = [mlflow_connection]
     fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Taxiway training runs"}]
+    fastapi_root_middlewares = [{"middleware": TriggerConfGuard, "name": "Taxiway trigger conf guard"}]
     external_views = [
         {"name": "Training runs", "href": f"{URL_PREFIX}/runs", "destination": "nav", "url_route": "training-runs",
          "category": "browse", "nav_top_level": True},

@@ -68,6 +68,12 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
         "anchors": ({"set": ["model={a: &x [1], b: *x}"]}, "model: YAML anchors and aliases"),
         "limits": ({"limits": {"nodes": 1000}}, "limits.nodes: only the deployment sets this"),
     }
+    # a number no task could receive (msgpack stops at 64 bits): refused by the api-server, no run made
+    before = live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"]
+    resp = live.trigger(DAG, {"trian": 2**64 + 7})
+    assert resp.status_code == 400 and "trian: a number outside the signed 64-bit range" in resp.text, resp.text
+    assert str(2**64 + 7) not in resp.text
+    assert live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"] == before
     runs = {}
     for name, (conf, _) in cases.items():
         resp = live.trigger(DAG, conf)

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
-from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +26,7 @@ from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, sugg
 from pipelines.config.load import MAX_DEPTH, parse_overrides
 from pipelines.config.trust import OWNED, owner_reason
 from pipelines.roots import REPO, Roots
+from taxiway_airflow.conf_numbers import bad_numbers
 from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TITLES, FormField
 
 # Airflow checks a Param's schema against its dialect's metaschema on every resolve, and serializing
@@ -37,7 +36,6 @@ from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TI
 DIALECT = "http://json-schema.org/draft-07/schema#"
 FIELD_KEYS = tuple(f.key for f in ALL_FIELDS)
 CONF_KEYS = ("config", "set", *SECTIONS, *FIELD_KEYS)
-INT64 = (-(2**63), 2**63 - 1)  # the integers msgpack carries to a task
 MAX_CONF_BYTES = 64 * 1024  # a run's settings as JSON; the whole config of the largest preset is ~5 KiB
 _MISSING = object()
 
@@ -201,7 +199,7 @@ def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
     if (deepest := max((_depth(v) for v in conf.values()), default=0)) > MAX_DEPTH:
         errors["conf"] = f"nested {deepest} levels deep; at most {MAX_DEPTH}"
     else:
-        errors |= {path: why for key, value in conf.items() for path, why in _bad_numbers(value, str(key)[:80])}
+        errors |= {path: why for key, value in conf.items() for path, why in bad_numbers(value, str(key)[:80])}
         lines = conf.get("set")
         if isinstance(lines, list) and all(isinstance(line, str) for line in lines):
             try:
@@ -209,24 +207,9 @@ def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
             except ConfigError:
                 pairs = []  # the first task names what is wrong with the lines
             errors |= {f"set[{i}] ({key[:80]})": why for i, (key, value) in enumerate(pairs)
-                       for _, why in _bad_numbers(value, key)}
+                       for _, why in bad_numbers(value, key)}
     if errors:
         raise ConfigError(errors, "conf")
-
-
-def _bad_numbers(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """(path, reason) of each number under ``value`` that msgpack cannot carry: PostgreSQL's jsonb keeps any
-    integer, and a whole float as one; msgpack, which sends a run's conf to each task, fails beyond 64 bits."""
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            yield from _bad_numbers(sub, f"{path}.{str(key)[:80]}")
-    elif isinstance(value, list):
-        for i, sub in enumerate(value):
-            yield from _bad_numbers(sub, f"{path}[{i}]")
-    elif isinstance(value, float) and not math.isfinite(value):
-        yield path, "not a finite number"
-    elif isinstance(value, int | float) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
-        yield path, "a number outside the signed 64-bit range (-2**63 to 2**63-1)"  # jsonb keeps 1e30 as an integer
 
 
 def _depth(value: Any) -> int:

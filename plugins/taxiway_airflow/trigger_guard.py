@@ -1,0 +1,63 @@
+"""Refuses, in the api-server, a trigger of a Taxiway DAG whose ``conf`` holds a number a task could
+never receive. Airflow stores a run's conf as sent (PostgreSQL's jsonb keeps any integer, and a whole
+float as one) and sends it to each task with msgpack, which stops at 64 bits: every task of such a
+run then fails before it starts, with an empty log. ``params.check_conf`` runs in the first task,
+too late; the form's params bound their own fields but not keys Airflow takes without a param. This
+ASGI middleware reads the trigger's body first and answers 400 naming each key path (never the
+value); any other request passes untouched."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from taxiway_airflow.conf_numbers import bad_numbers
+
+TAXIWAY_DAGS = ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep")
+TRIGGER = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")
+MAX_BODY = 1 << 20  # a trigger's body past this is refused by Airflow's own limits long before a task
+
+
+class TriggerConfGuard:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        match = TRIGGER.match(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if match is None or match["dag"] not in TAXIWAY_DAGS:
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more and len(body) <= MAX_BODY:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if problems := _conf_problems(body):
+            detail = "conf: " + "; ".join(f"{path}: {why}" for path, why in problems)
+            payload = json.dumps({"detail": detail}).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+            return await send({"type": "http.response.body", "body": payload})
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": more}
+
+        await self.app(scope, replay, send)
+
+
+def _conf_problems(body: bytes) -> list[tuple[str, str]]:
+    """(key path, reason) of each number in the body's ``conf`` that a task could not receive; a body
+    that is no JSON object is Airflow's to refuse."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return []
+    conf = doc.get("conf") if isinstance(doc, dict) else None
+    if not isinstance(conf, dict):
+        return []
+    return [problem for key, value in conf.items() for problem in bad_numbers(value, str(key)[:80])]

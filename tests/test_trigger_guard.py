@@ -1,0 +1,54 @@
+"""The api-server's trigger guard: a Taxiway trigger whose conf holds a number no task could receive
+is refused before a run exists (400, naming the key path, never the value); every other request
+reaches Airflow with its body as sent. Against a live api-server: ``test_live_conf.py``."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from taxiway_airflow.trigger_guard import TriggerConfGuard
+
+
+async def _airflow(scope, receive, send) -> None:
+    """Stands in for Airflow's app: answers with the body it received."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({"received": body.decode()}).encode()})
+
+
+def _post(path: str, doc: dict) -> httpx.Response:
+    transport = httpx.ASGITransport(app=TriggerConfGuard(_airflow))
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            return await client.post(path, content=json.dumps(doc))
+
+    import asyncio
+
+    return asyncio.run(go())
+
+
+def test_a_number_no_task_could_receive_is_refused_naming_its_key_not_its_value():
+    huge = 2**64 + 12345
+    resp = _post("/api/v2/dags/taxiway_train/dagRuns",
+                 {"logical_date": None, "conf": {"trian": huge, "compute": {"kubernetes": {"affinity": {"w": [1, -huge]}}}}})
+    assert resp.status_code == 400, resp.text
+    detail = resp.json()["detail"]
+    assert "trian: a number outside the signed 64-bit range" in detail
+    assert "compute.kubernetes.affinity.w[1]" in detail and str(huge) not in resp.text
+
+
+@pytest.mark.parametrize("path, doc", [
+    ("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"lr": 0.0003, "steps": 2**63 - 1}}}),
+    ("/api/v2/dags/someone_elses/dagRuns", {"conf": {"n": 2**64}}),  # not Taxiway's to judge
+    ("/api/v2/dags/taxiway_train/dagRuns", {"conf": "not an object"}),  # Airflow's to refuse
+])
+def test_every_other_trigger_reaches_airflow_with_its_body_as_sent(path: str, doc: dict):
+    resp = _post(path, doc)
+    assert resp.status_code == 200 and json.loads(resp.json()["received"]) == doc
