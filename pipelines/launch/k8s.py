@@ -65,6 +65,19 @@ class Gang:
     def pod_spec(self) -> dict[str, Any]:
         return self.job["spec"]["template"]["spec"]
 
+    @property
+    def pod(self) -> dict[str, Any]:
+        """The node pod as a Pod object: what the provider's Job operator builds its pods from."""
+        template = self.job["spec"]["template"]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}
+
+    @property
+    def job_shell(self) -> dict[str, Any]:
+        """The Job whose pod template carries metadata only: the provider appends the list fields (env,
+        volumes) of a full template to the pod it builds from ``pod``, so they would appear twice."""
+        template = self.job["spec"]["template"]
+        return {**self.job, "spec": {**self.job["spec"], "template": {"metadata": template["metadata"]}}}
+
     def documents(self) -> list[dict[str, Any]]:
         return [self.service, self.job]
 

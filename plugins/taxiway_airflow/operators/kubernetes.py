@@ -73,22 +73,16 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.pods_timeout_s = pods_timeout_s
         self.gang = None
 
-    def adopt(self, gang: Any, connection_id: str) -> None:
-        """Take the rendered Job as this operator's job and pod spec (what ``build_job_request_obj`` reads).
-
-        The pod spec goes in ``full_pod_spec`` only: the provider appends list fields (env, volumes)
-        of ``full_job_spec``'s template to the pod it builds, so that template carries metadata only.
-        """
-        template = gang.job["spec"]["template"]
-        job = {**gang.job, "spec": {**gang.job["spec"], "template": {"metadata": template["metadata"]}}}
-        self.full_job_spec = _model(job, "V1Job")
-        self.full_pod_spec = _model(
-            {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}, "V1Pod")
+    def adopt(self, gang: train_stage.Gang, connection_id: str) -> None:
+        """Take the rendered gang as this operator's Job and pod (what ``build_job_request_obj`` reads),
+        both as ``launch/k8s.py`` rendered them (``Gang.job_shell``, ``Gang.pod``)."""
+        self.full_job_spec = _model(gang.job_shell, "V1Job")
+        self.full_pod_spec = _model(gang.pod, "V1Pod")
         self.name = gang.job_name.removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
         self.namespace = gang.namespace
         self.parallelism = self.completions = gang.job["spec"]["parallelism"]
         self.base_container_name = train_stage.CONTAINER
-        self.termination_message_policy = template["spec"]["containers"][0]["terminationMessagePolicy"]
+        self.termination_message_policy = gang.pod_spec["containers"][0]["terminationMessagePolicy"]
         self.kubernetes_conn_id = connection_id
         self.gang = gang
 
