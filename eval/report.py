@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,8 +73,6 @@ def per_unit_csv(paired: Paired) -> str:
 
 def files(rep: dict[str, Any], paired: Paired, decision: Decision) -> dict[str, bytes]:
     """Every file of the report, ``report.json`` last (the stage's completion marker)."""
-    import json
-
     return {
         "per_unit.csv": per_unit_csv(paired).encode(),
         "comparison.png": comparison_png(paired, decision, "candidate", rep["baseline"]["label"]),

@@ -91,7 +91,7 @@ def parse(raw: bytes, loc: storage.Location, fmt: str | None = None) -> Iterator
                         text = obj["text"]
             yield Record(doc_id, uri, text, len(line), problem)
     elif fmt == "parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # pyarrow (~0.1 s): only parquet data needs it; DAG parse must not pay
 
         try:
             table = pq.read_table(io.BytesIO(raw))

@@ -37,6 +37,7 @@ Trainer states are the trainer's own contract (``trainer.status.State``), re-exp
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -319,8 +320,6 @@ class Cache:
         same key wait for the first builder and then find the entry, instead of all building it
         (ten concurrent runs built one packed dataset three times). ``flock``: the kernel drops a
         dead builder's lock; lock files live apart, in ``locks/``, never beside the entries."""
-        import fcntl
-
         lock = self.root / "locks" / f"{entry.parent.name}-{entry.name}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
         with open(lock, "a") as fh:

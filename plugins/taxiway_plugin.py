@@ -28,6 +28,7 @@ class LazyApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if self._app is None:
+            # the view's app (~2 s): api-server only, first request
             from taxiway_airflow.runs_view.app import create_app
 
             self._app = create_app()

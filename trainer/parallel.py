@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import StartupCheckFailed
 
@@ -55,6 +56,7 @@ def setup(backend: str, timeout_s: float = 600.0) -> Dist:
 def wrap(model: nn.Module, kind: str, ctx: Dist, bf16: bool) -> nn.Module:
     """The module the loop calls: ``model`` itself (one process, or FSDP, which shards in place) or DDP."""
     if kind == "fsdp":
+        # ~0.6 s: FSDP runs only, not the trainer's start-up
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
@@ -65,8 +67,6 @@ def wrap(model: nn.Module, kind: str, ctx: Dist, bf16: bool) -> nn.Module:
         return model
     if ctx.world == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
@@ -85,12 +85,13 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Total gradient norm over all ranks (clipped to ``max_norm`` when it is > 0)."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # ~0.5 s: the trainer's start-up must not pay for it
 
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _options(kind: str) -> Any:
+    # ~0.6 s: the trainer's start-up must not pay for it
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True) if kind == "fsdp" else StateDictOptions()
@@ -104,6 +105,7 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer, kind: str) -> tup
     of a one-shard group), which comes back live: those are cloned here, so ``fresh`` is true.
     Otherwise the tensors are the live ones and must be copied before training touches them again.
     """
+    # ~0.6 s: the trainer's start-up must not pay for it
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state = (full_model_state(model, kind), get_optimizer_state_dict(model, optim, options=_options(kind)))
@@ -113,7 +115,7 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer, kind: str) -> tup
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # ~0.5 s: the trainer's start-up must not pay for it
 
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -138,6 +140,7 @@ def _own(obj: Any, live: set[int]) -> Any:
 
 def full_model_state(model: nn.Module, kind: str) -> dict:
     """The full model state dict (FSDP: gathered to rank 0, a collective; live tensors otherwise)."""
+    # ~0.6 s: the trainer's start-up must not pay for it
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_options(kind))
@@ -145,6 +148,7 @@ def full_model_state(model: nn.Module, kind: str) -> dict:
 
 def load_optimizer(model: nn.Module, optim: torch.optim.Optimizer, state: dict, kind: str) -> None:
     """Load a full optimizer state (as ``full_state`` returns it) into a possibly sharded optimizer."""
+    # ~0.6 s: the trainer's start-up must not pay for it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True) if kind == "fsdp" else StateDictOptions()

@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from safetensors.torch import load_file, save_file
+
 from trainer.model import GPT, GPTConfig
 
 _TIED = "lm_head.weight"
@@ -19,8 +21,6 @@ def export(state: dict, cfg: GPTConfig, folder: Path, extra: dict | None = None)
     ``extra`` is training metadata (global step, tokens seen, LR schedule) that a run continuing
     from this model reads back, so its counters and schedule go on from here.
     """
-    from safetensors.torch import save_file
-
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items() if k != _TIED}
@@ -34,8 +34,6 @@ def export(state: dict, cfg: GPTConfig, folder: Path, extra: dict | None = None)
 
 def load(folder: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
     """Rebuild the model from ``model.json`` and load ``model.safetensors``."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     info = json.loads((folder / "model.json").read_text())
     model = GPT(GPTConfig(**info["config"]))

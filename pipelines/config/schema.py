@@ -9,6 +9,7 @@ import hashlib
 from typing import Annotated, Literal
 
 import yaml
+from croniter import croniter
 from pydantic import Field, field_validator, model_validator
 
 from pipelines.config import limits
@@ -241,8 +242,6 @@ class RefreshConfig(Section):
     @classmethod
     def _cron_parses(cls, value: str) -> str:
         """A bad cron is refused here, naming the field, not later as a DAG import error."""
-        from croniter import croniter
-
         if not croniter.is_valid(value):
             raise ValueError("not a cron expression (five fields, e.g. '0 3 * * *')")
         return value

@@ -246,10 +246,10 @@ def _plot(best: np.ndarray, threshold: float, path: Path) -> None:
 
 def _png(best: np.ndarray, threshold: float) -> bytes:
     """Histogram of each val document's best estimated Jaccard against train."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.13 s): DAG parse must not pay for it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): the backend is chosen before pyplot loads
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(best, bins=20, range=(0, 1), color="#4477aa")

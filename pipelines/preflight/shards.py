@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,8 +153,6 @@ def scan(cfg: RunConfig, shard: Shard) -> ShardResult:
 
 
 def _npz(ids: list[str], sigs: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.savez(buf, ids=np.array(ids, dtype=str), sigs=sigs)
     return buf.getvalue()

@@ -78,7 +78,7 @@ def _absent(exc: Exception) -> bool:
 def current_champion(c, name: str, alias: str, missing_ok: bool = False):
     """The version holding ``alias``; None when no version ever did (or a person removed the
     alias). ``ChampionMissing`` when the alias vanished with its deleted version, unless ``missing_ok``."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     try:
         return c.get_model_version_by_alias(name, alias)

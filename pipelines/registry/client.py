@@ -86,9 +86,9 @@ def _is_database(uri: str) -> bool:
 
 def transient(exc: BaseException) -> bool:
     """Worth retrying: the store was unreachable, busy, or rate limiting — not a bad request."""
-    import requests
-    import sqlalchemy.exc
-    from mlflow.exceptions import MlflowException
+    import requests  # requests (~70 ms): DAG parse and the CLI's start-up must not pay for it
+    import sqlalchemy.exc  # sqlalchemy (~150 ms): the CLI's start-up must not pay for it
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     seen: BaseException | None = exc
     while seen is not None:
@@ -130,7 +130,7 @@ def _ping(uri: str) -> None:
     if uri.startswith("sqlite:"):
         return
     if _is_database(uri):
-        import sqlalchemy
+        import sqlalchemy  # sqlalchemy (~150 ms): the CLI's start-up must not pay for it
 
         engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10}, poolclass=sqlalchemy.NullPool)
         try:
@@ -139,7 +139,7 @@ def _ping(uri: str) -> None:
         finally:
             engine.dispose()
     elif uri.startswith(("http://", "https://")):
-        import requests
+        import requests  # requests (~70 ms): DAG parse and the CLI's start-up must not pay for it
 
         response = requests.get(f"{uri.rstrip('/')}/health", timeout=10)
         if response.status_code >= 500 or response.status_code == 429:
@@ -149,7 +149,7 @@ def _ping(uri: str) -> None:
 def client():
     """A client bound to Taxiway's tracking URI, without touching MLflow's process-wide default;
     raises a transient error at once when the store is unreachable."""
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # mlflow (~1 s): DAG parse must not pay for it
 
     uri = mlflow_tracking_uri()
     _ping(uri)
@@ -174,7 +174,7 @@ def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
 
 def resolve_version(uri: str, reg: RegistryConfig | None = None):
     """The ModelVersion a models:/ URI names; a clear error when it does not exist."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     reg = reg or RegistryConfig()
     name, version, alias = parse_models_uri(uri)
@@ -193,8 +193,8 @@ def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
     """The version's model folder, ``dest/<name>-v<version>``: downloaded once into a staging
     folder and renamed, so a retried task reuses a complete copy and never a partial one. The
     weights are checked against the sha256 recorded at registration."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    import mlflow  # mlflow (~1 s): DAG parse must not pay for it
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     final = dest / f"{mv.name}-v{mv.version}"
     if (final / "model.safetensors").is_file():
@@ -235,9 +235,9 @@ CHECKPOINT_ARTIFACT = "checkpoint"
 def download_checkpoint(mv, dest: Path, reg: RegistryConfig) -> Path | None:
     """The full checkpoint logged with the version (``registry.log_checkpoint``), as ``dest``, or
     None when it has none or the copy fails its checksums. Staged and renamed like ``download``."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
-    from trainer import checkpoint
+    from trainer import checkpoint  # torch (~1 s): DAG parse must not pay for it
 
     if (dest / "checksums.json").is_file():
         return dest

@@ -152,7 +152,7 @@ def artifacts(run_dir: Path) -> list[tuple[Path, str]]:
 
 def final_checkpoint(run_dir: Path) -> Path | None:
     """The valid checkpoint the run's model was exported from (None once pruned or never written)."""
-    from trainer import checkpoint
+    from trainer import checkpoint  # torch (~1 s): DAG parse must not pay for it
 
     step = json.loads((RunFolder(run_dir).model / "model.json").read_text()).get("global_step")
     return checkpoint.at_step(RunFolder(run_dir).checkpoints, step) if isinstance(step, int) else None

@@ -8,6 +8,7 @@ holder that died).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -38,8 +39,6 @@ def _key(name: str) -> str:
 @contextlib.contextmanager
 def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
     """``flock`` on ``path``: released by the kernel when the holder exits, however it exits."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     with open(path, "a+") as fh:
@@ -61,7 +60,7 @@ def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
 def advisory_lock(uri: str, key: str, timeout_s: float) -> Iterator[None]:
     """A PostgreSQL session advisory lock on its own connection: the server releases it when the
     connection ends, so a holder that dies never leaves it taken."""
-    import sqlalchemy
+    import sqlalchemy  # sqlalchemy (~150 ms): the CLI's start-up must not pay for it
 
     lock_id = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
     engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.NullPool, connect_args={"connect_timeout": 10})
@@ -97,7 +96,7 @@ def _new_holder() -> str:
 
 
 def _read(c, name: str) -> Lease:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     try:
         tags = c.get_registered_model(name).tags
@@ -112,7 +111,7 @@ def _read(c, name: str) -> Lease:
 def _take(c, name: str, holder: str, lease_s: float) -> Lease:
     """Create the mutex ``name`` held by ``holder`` until its lease ends; the lease there now, which is
     ``holder``'s when it won (a create whose answer was lost and that the client retried included)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     ends_ms = int((time.time() + lease_s) * 1000)
     try:
@@ -141,7 +140,7 @@ def _delete_held(c, name: str, holder: str, *, expired_only: bool) -> bool:
     ``holder``'s lock (the holder's own release takes the token too), and a holder id is never
     reused, so once deleted that lock never comes back for a later owner of the token to delete.
     A token whose owner died mid-break is broken the same way, under a token of its own."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     token = _break_token(name, holder)
     me = _new_holder()
@@ -172,7 +171,7 @@ def registry_lock(c, key: str, timeout_s: float, lease_s: float = LEASE_S) -> It
 
     A lease is a promise about time: a holder that stalls past its lease (or a breaker past its
     token's), or clocks more than a lease apart, can still see two holders."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     me = _new_holder()
     deadline = time.monotonic() + timeout_s
@@ -198,7 +197,7 @@ def champion_lock(c, name: str, timeout_s: float) -> contextlib.AbstractContextM
     uri = mlflow_tracking_uri()
     scheme = uri.split(":", 1)[0].split("+", 1)[0]
     if scheme == "sqlite":
-        from sqlalchemy.engine import make_url
+        from sqlalchemy.engine import make_url  # sqlalchemy (~150 ms): the CLI's start-up must not pay for it
 
         db = Path(make_url(uri).database or "mlflow.db").resolve()
         digest = hashlib.sha256(name.encode()).hexdigest()[:16]

@@ -72,7 +72,7 @@ def last_record(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
 
 def to_metrics(records: list[dict[str, Any]]) -> list:
     """MLflow ``Metric``s at the trainer's own UTC timestamps and steps."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # mlflow (~1 s): DAG parse must not pay for it
 
     now = int(time.time() * 1000)
     return [Metric(key, float(rec[key]),

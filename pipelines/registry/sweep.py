@@ -45,7 +45,7 @@ def log_sweep(cfg: RunConfig, run_dir: Path, run_key: str, ranking: dict[str, An
               airflow: dict[str, str]) -> dict[str, str]:
     """The parent run and every member's child run (``configs``: member index → its config); returns
     ``parent`` and each member index → MLflow run id."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # mlflow (~1 s): DAG parse must not pay for it
 
     folder = RunFolder(run_dir)
     parent_id = with_retries(cfg.registry, "open the sweep's run", lambda: _parent(client(), cfg, run_key, airflow))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import stages
+from pipelines.registry import sweep as mlflow_sweep
 from pipelines.run_folder import RunFolder
 from trainer import fsio
 
@@ -16,8 +17,6 @@ from trainer import fsio
 def register(run_dir: Path, run_key: str, airflow: dict[str, str] | None = None) -> dict[str, Any]:
     """Log the sweep to MLflow and register its best member; writes ``registry.json`` in the sweep's
     run folder (what the member's own says, plus the member and the parent run). Idempotent per run key."""
-    from pipelines.registry import sweep as mlflow_sweep
-
     folder = RunFolder(run_dir)
     if not folder.sweep_ranking.exists():
         raise stages.prepare.StageInputError(f"{folder.sweep_ranking}: missing; run the sweep's 'rank' task first")

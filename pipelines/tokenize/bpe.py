@@ -20,6 +20,7 @@ class TokenizerError(BadInput):
 
 
 def train(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None):
+    # tokenizers: DAG parse must not load it (tests/test_dag.py)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -35,7 +36,7 @@ def train(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None)
 
 
 def load(path: str | Path, eos_token: str):
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # tokenizers: DAG parse must not load it (tests/test_dag.py)
 
     try:
         tok = Tokenizer.from_file(str(path))

@@ -110,7 +110,7 @@ def tiktoken_encoding(spec: dict, special: dict[str, int] | None = None):
     tokens as bytes, ranked by id, GPT-2's split pattern; ``special`` tokens only registered (a
     registered one is searched for and skipped as text; with none, tiktoken searches for an empty
     pattern at every character)."""
-    import tiktoken
+    import tiktoken  # tiktoken: only the tokenize tasks need it; DAG parse must not pay
 
     added = {t["content"] for t in spec.get("added_tokens", [])}
     to_byte = _byte_level_alphabet()

@@ -33,6 +33,7 @@ def preload(*args: Any, **kwargs: Any) -> None:
     send tasks), beside Airflow's own preload: import, then freeze so the new objects are kept out
     of the collector too (a collection would touch, and so copy, every inherited page)."""
     started = time.monotonic()
+    # imported here, not at the top: this preload is the worker's only (the scheduler builds this app too)
     import pandas  # noqa: F401
     import tiktoken  # noqa: F401
     import tokenizers  # noqa: F401

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
+from airflow.sdk import Asset
+
 from pipelines.refresh.landing import ASSET_NAME, asset_uri
 
 
 def landing_asset(landing: str | None):
-    from airflow.sdk import Asset
-
     if not landing:
         raise ValueError("refresh.landing is not set in the config this DAG is parsed with (TAXIWAY_CONFIG)")
     return Asset(name=ASSET_NAME, uri=asset_uri(landing))

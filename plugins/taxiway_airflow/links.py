@@ -15,14 +15,15 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
+from airflow.sdk.configuration import conf
+
+from pipelines.run_folder import RunFolder, run_dir
 
 ROUTE = "/taxiway"  # where the plugin mounts its FastAPI app (taxiway_plugin.py)
 
 
 def airflow_base() -> str:
     """The api-server's public address (``[api] base_url``); empty means links stay relative to it."""
-    from airflow.sdk.configuration import conf
-
     return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
 
 
@@ -47,8 +48,6 @@ class _RunFolderLink(BaseOperatorLink):
         return f"taxiway_link_{self.target}"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        from pipelines.run_folder import RunFolder, run_dir
-
         if not getattr(RunFolder(run_dir(ti_key.dag_id, ti_key.run_id)), self.needs).exists():
             return ""
         return go_url(self.target, ti_key.dag_id, ti_key.run_id)

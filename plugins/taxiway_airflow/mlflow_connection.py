@@ -19,6 +19,8 @@ import os
 from typing import Any
 
 from airflow.listeners import hookimpl
+from airflow.sdk import Connection
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 log = logging.getLogger("taxiway")
 
@@ -36,9 +38,6 @@ def tracking_uri(conn: Any) -> str:
 def apply() -> bool:
     """Set MLflow's tracking env vars from the connection named by ``TAXIWAY_MLFLOW_LOGIN_CONN_ID``;
     False (env untouched) when none is named or it does not exist."""
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
     conn_id = os.environ.get(CONNECTION_ENV)
     if not conn_id:
         return False

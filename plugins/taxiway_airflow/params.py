@@ -22,6 +22,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
+from airflow.sdk import Param
+
 from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
 from pipelines.config.load import MAX_DEPTH, parse_overrides
 from pipelines.config.trust import OWNED, owner_reason
@@ -119,8 +121,6 @@ def _field_schema(prop: dict[str, Any]) -> dict[str, Any]:
 
 def param(*default: Any, **schema: Any) -> Any:
     """An Airflow ``Param`` whose schema declares ``DIALECT``."""
-    from airflow.sdk import Param
-
     return Param(*default, **schema, **{"$schema": DIALECT})
 
 

@@ -24,6 +24,8 @@ import time
 import urllib.request
 from urllib.parse import quote
 
+from sqlalchemy import select
+
 from pipelines.refresh import announce
 
 MAX_NOTE = 1000  # Airflow's dag_run_note.content column holds 1000 characters
@@ -58,7 +60,7 @@ def code(value: object) -> str:
 def budget_s() -> float:
     """Seconds the note may take: half of this deployment's ``task_success_overtime``, at most 10."""
     try:
-        from airflow.configuration import conf
+        from airflow.configuration import conf  # inside the try: a process without Airflow's core still gets a budget
 
         overtime = conf.getfloat("core", "task_success_overtime", fallback=20.0)
     except ImportError:  # a process without Airflow's core (no supervisor either)
@@ -92,9 +94,8 @@ def _over_rest(dag_id: str, run_id: str, text: str, deadline: float) -> None:
 
 def _in_database(dag_id: str, run_id: str, text: str) -> None:
     """Raises when this process has no database access (a worker: set ``TAXIWAY_AIRFLOW_URL``)."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
+    from airflow.models.dagrun import DagRun  # Airflow's ORM (~0.2 s): only the database path needs it
+    from airflow.utils.session import create_session  # Airflow core: absent where only the task SDK is (see budget_s)
 
     try:
         with create_session() as session:

@@ -22,6 +22,8 @@ import logging
 import time
 from typing import Any
 
+from airflow.sdk.execution_time.supervisor import WatchedSubprocess
+
 log = logging.getLogger("taxiway")
 
 EXIT_WAIT_S = 1.0  # a process with every socket closed is inside exit(); this bounds a surprise
@@ -30,8 +32,6 @@ POLL_S = 0.002
 
 def install() -> bool:
     """Patch ``WatchedSubprocess._check_subprocess_exit`` (once); False when it is not there."""
-    from airflow.sdk.execution_time.supervisor import WatchedSubprocess
-
     original = WatchedSubprocess.__dict__.get("_check_subprocess_exit")
     if original is None:
         log.warning("airflow's task supervisor has no _check_subprocess_exit: exit wait not installed")

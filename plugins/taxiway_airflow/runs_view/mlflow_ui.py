@@ -16,6 +16,16 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from airflow.exceptions import AirflowNotFoundException
+from airflow.models.connection import Connection
+
+from pipelines.registry.client import client, without_credentials
+from pipelines.registry.runs import RUN_KEY_TAG, literal
+from pipelines.run_folder import mlflow_tracking_uri
+from pipelines.stages.prepare import load_run_config
+from taxiway_airflow import mlflow_connection
+from taxiway_airflow.runs_view.folder import registry
+
 log = logging.getLogger("taxiway.runs_view")
 
 CONNECTION_ID = "taxiway_mlflow_ui"
@@ -23,9 +33,6 @@ EMBEDDED_UI = "http://127.0.0.1:5000"
 
 
 def _from_connection() -> str | None:
-    from airflow.exceptions import AirflowNotFoundException
-    from airflow.models.connection import Connection
-
     try:
         conn = Connection.get_connection_from_secrets(CONNECTION_ID)
     except AirflowNotFoundException:
@@ -39,9 +46,6 @@ def _from_connection() -> str | None:
 def ui_base() -> str:
     """The MLflow UI's address, without a trailing slash. It goes to the browser (a redirect), so it
     carries no credentials: a tracking URI's ``user:password@`` is the workers' to use, not the user's."""
-    from pipelines.registry.client import without_credentials
-    from pipelines.run_folder import mlflow_tracking_uri
-
     tracking = mlflow_tracking_uri()
     base = (os.environ.get("TAXIWAY_MLFLOW_UI_URL") or _from_connection()
             or (tracking if tracking.startswith(("http://", "https://")) else EMBEDDED_UI))
@@ -61,12 +65,6 @@ def run_url(run_key: str, folder: Path) -> str | None:
 def find_run(run_key: str, folder: Path) -> str | None:
     """The MLflow run id of the Airflow run ``run_key``: from ``registry.json`` once registered, else
     the run the training sensor opened (tag ``taxiway.run_key``) in the run's experiment."""
-    from pipelines.registry.client import client
-    from pipelines.registry.runs import RUN_KEY_TAG, literal
-    from pipelines.stages.prepare import load_run_config
-    from taxiway_airflow import mlflow_connection
-    from taxiway_airflow.runs_view.folder import registry
-
     if run_id := registry(folder).get("run_id"):
         return str(run_id)
     mlflow_connection.apply()  # the api-server logs in to MLflow as the task processes do
