@@ -19,7 +19,7 @@ class Progress:
         self._started = self._last = time.monotonic()
         self._bar = None
         if sys.stderr.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # only on a terminal: a task log never draws a bar
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False)
 

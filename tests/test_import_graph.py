@@ -208,3 +208,40 @@ def test_the_stages_callers_reach_stage_internals_only_through_pipelines_stages(
     internals (the launchers, the preflight checks, the tokenizer and packer) are theirs alone."""
     bad = [line for caller in STAGE_CALLERS for line in _forbidden(GRAPH, caller, STAGE_INTERNALS)]
     assert not bad, "import the stage (pipelines.stages.<stage>) instead:\n" + "\n".join(bad)
+
+
+def _late_import_blocks(path: Path) -> list[tuple[int, int]]:
+    """(first line, last line) of each run of consecutive import statements inside a function."""
+    blocks: list[tuple[int, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for body in [node.body] + [n.body for n in ast.walk(node) if n is not node and hasattr(n, "body")
+                                   and isinstance(n.body, list) and not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]:
+            run: list[ast.stmt] = []
+            for stmt in [*body, None]:
+                if isinstance(stmt, ast.Import | ast.ImportFrom):
+                    run.append(stmt)
+                elif run:
+                    blocks.append((run[0].lineno, run[-1].end_lineno or run[-1].lineno))
+                    run = []
+    return sorted(set(blocks))
+
+
+def test_an_import_inside_a_function_says_why_it_is_not_at_the_top():
+    """Imports sit at the top of a module, so its dependencies read from its head; one kept inside a
+    function (heavy, or off a path that must stay light: a DAG file's parse, a process's start) says
+    why in a comment on its block or the line above it."""
+    bad = []
+    for path in module_files(REPO, TREE).values():
+        lines = path.read_text().splitlines()
+        for first, last in _late_import_blocks(path):
+            if not any("#" in lines[i - 1] for i in range(max(first - 1, 1), last + 1)):
+                bad.append(f"  {path.relative_to(REPO)}:{first}: {lines[first - 1].strip()}")
+    assert not bad, "move these imports to the top, or say in a comment why they wait:\n" + "\n".join(bad)
+
+
+def test_a_late_import_without_a_reason_is_found(tmp_path: Path):
+    (tmp_path / "m.py").write_text("import os\n\n\ndef f():\n    import json\n    return json\n\n\ndef g():\n"
+                                   "    # torch: heavy\n    import torch\n    from torch import nn\n    return nn\n")
+    assert _late_import_blocks(tmp_path / "m.py") == [(5, 5), (11, 12)]
