@@ -44,7 +44,21 @@ def test_a_number_no_task_could_receive_is_refused_naming_its_key_not_its_value(
     assert "compute.kubernetes.affinity.w[1]" in detail and str(huge) not in resp.text
 
 
+def test_a_body_too_large_to_be_a_conf_is_refused_unread():
+    resp = _post("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"set": ["x" * 4096] * 300}})
+    assert resp.status_code == 413 and "at most 64 KiB" in resp.json()["detail"]
+
+
+def test_a_backfill_of_a_taxiway_dag_is_held_to_the_same_rule():
+    doc = {"dag_id": "taxiway_train", "from_date": "2026-12-01T00:00:00Z", "to_date": "2026-12-02T00:00:00Z",
+           "dag_run_conf": {"train": {"seed": 2**64}}}
+    for path in ("/api/v2/backfills", "/api/v2/backfills/dry_run"):
+        resp = _post(path, doc)
+        assert resp.status_code == 400 and "train.seed: a number outside" in resp.json()["detail"], (path, resp.text)
+
+
 @pytest.mark.parametrize("path, doc", [
+    ("/api/v2/backfills", {"dag_id": "someone_elses", "dag_run_conf": {"n": 2**64}}),
     ("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"lr": 0.0003, "steps": 2**63 - 1}}}),
     ("/api/v2/dags/someone_elses/dagRuns", {"conf": {"n": 2**64}}),  # not Taxiway's to judge
     ("/api/v2/dags/taxiway_train/dagRuns", {"conf": "not an object"}),  # Airflow's to refuse

@@ -1,4 +1,4 @@
-"""Refuses, in the api-server, a trigger of a Taxiway DAG whose ``conf`` holds a number a task could
+"""Refuses, in the api-server, a trigger (or backfill) of a Taxiway DAG whose ``conf`` holds a number a task could
 never receive. Airflow stores a run's conf as sent (PostgreSQL's jsonb keeps any integer, and a whole
 float as one) and sends it to each task with msgpack, which stops at 64 bits: every task of such a
 run then fails before it starts, with an empty log. ``params.check_conf`` runs in the first task,
@@ -15,8 +15,9 @@ from typing import Any
 from taxiway_airflow.conf_numbers import bad_numbers
 
 TAXIWAY_DAGS = ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep")
-TRIGGER = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")
-MAX_BODY = 1 << 20  # a trigger's body past this is refused by Airflow's own limits long before a task
+TRIGGER = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")  # body: {"conf": {...}}
+BACKFILL = re.compile(r"^/api/v2/backfills(/dry_run)?/?$")       # body: {"dag_id": ..., "dag_run_conf": {...}}
+MAX_BODY = 1 << 20  # a Taxiway conf is at most 64 KiB (params.MAX_CONF_BYTES): a body past 1 MiB is refused unread
 
 
 class TriggerConfGuard:
@@ -24,20 +25,20 @@ class TriggerConfGuard:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        match = TRIGGER.match(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if match is None or match["dag"] not in TAXIWAY_DAGS:
+        path = scope.get("path", "") if scope["type"] == "http" and scope["method"] == "POST" else ""
+        trigger = TRIGGER.match(path)
+        guarded = trigger["dag"] in TAXIWAY_DAGS if trigger else BACKFILL.match(path) is not None
+        if not guarded:
             return await self.app(scope, receive, send)
         body, more = b"", True
         while more and len(body) <= MAX_BODY:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        if problems := _conf_problems(body):
-            detail = "conf: " + "; ".join(f"{path}: {why}" for path, why in problems)
-            payload = json.dumps({"detail": detail}).encode()
-            await send({"type": "http.response.start", "status": 400,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-            return await send({"type": "http.response.body", "body": payload})
+        if len(body) > MAX_BODY:
+            return await _refuse(send, 413, f"request body larger than {MAX_BODY >> 20} MiB; a conf is at most 64 KiB")
+        if problems := _conf_problems(body, dag_from_path=trigger is not None):
+            return await _refuse(send, 400, "conf: " + "; ".join(f"{path}: {why}" for path, why in problems))
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -50,14 +51,24 @@ class TriggerConfGuard:
         await self.app(scope, replay, send)
 
 
-def _conf_problems(body: bytes) -> list[tuple[str, str]]:
-    """(key path, reason) of each number in the body's ``conf`` that a task could not receive; a body
-    that is no JSON object is Airflow's to refuse."""
+async def _refuse(send: Any, status: int, detail: str) -> None:
+    payload = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _conf_problems(body: bytes, dag_from_path: bool) -> list[tuple[str, str]]:
+    """(key path, reason) of each number in the conf of a Taxiway trigger (``conf``) or backfill
+    (``dag_run_conf``, its DAG in the body) that a task could not receive; a body that is no JSON
+    object is Airflow's to refuse."""
     try:
         doc = json.loads(body)
     except ValueError:
         return []
-    conf = doc.get("conf") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not dag_from_path and doc.get("dag_id") not in TAXIWAY_DAGS:
+        return []
+    conf = doc.get("conf" if dag_from_path else "dag_run_conf")
     if not isinstance(conf, dict):
         return []
     return [problem for key, value in conf.items() for problem in bad_numbers(value, str(key)[:80])]
