@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines import manifest, storage
+from pipelines import heap, manifest, storage
 from pipelines.config import RunConfig
 from pipelines.documents import read_documents, split_files
 from pipelines.errors import BadInput
 from pipelines.run_folder import Cache, RunFolder, cache_dir
-from pipelines.tokenize import allocator, bpe, engine
+from pipelines.tokenize import bpe, engine
 from pipelines.tokenize.groups import FORMAT_VERSION, FileRef, split_groups, tokenize_groups
 from pipelines.tokenize.pack import SplitWriter, dtype_for
 from trainer import fsio
@@ -165,7 +165,7 @@ def _build(cfg: RunConfig, key: str, out: Path, tok, tok_path: Path, tok_sha: st
         lengths = []
         for stream in tokenize_groups(split_groups_, encode, tok_sha, eos, dtype, cfg.data.format, Cache(cache_dir())):
             writer.add_stream(stream.tokens, stream.starts)
-            allocator.trim()
+            heap.trim()  # the Rust tokenizer's freed batch buffers go back now: the peak stays one group's
             lengths.append(np.diff(np.append(stream.starts, len(stream.tokens))))
             chars += stream.chars
             reused += stream.cache_hit
@@ -206,7 +206,7 @@ def _add_replay(replay: Replay, writer: SplitWriter, encode, tok_sha: str, eos: 
     docs = tokens = 0
     for kept in streams:
         writer.add_stream(kept.tokens, kept.starts)
-        allocator.trim()
+        heap.trim()  # the Rust tokenizer's freed batch buffers go back now: the peak stays one group's
         lengths.append(np.diff(np.append(kept.starts, len(kept.tokens))))
         docs, tokens = docs + len(kept.starts), tokens + len(kept.tokens)
     log.info("replayed %d old documents (%d tokens) from %d token groups, %d of them from the cache",
