@@ -57,9 +57,9 @@ def delete_job(hook: KubernetesHook, namespace: str, name: str) -> None:
     _missing_is_none(hook.batch_v1_client.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
 
 
-@generic_api_retry
 def job_status(hook: KubernetesHook, namespace: str, name: str) -> Any:
-    """The Job (``V1Job``), or None when it is gone."""
+    """The Job (``V1Job``), or None when it is gone (the provider's ``get_job_status`` carries the retry wrapper
+    itself: wrapping it again would multiply the attempts)."""
     return _missing_is_none(hook.get_job_status, name, namespace)
 
 
