@@ -44,6 +44,12 @@ def test_a_number_no_task_could_receive_is_refused_naming_its_key_not_its_value(
     assert "compute.kubernetes.affinity.w[1]" in detail and str(huge) not in resp.text
 
 
+def test_a_refusal_names_at_most_twenty_keys():
+    resp = _post("/api/v2/dags/taxiway_train/dagRuns", {"conf": {f"k{i}": 2**64 for i in range(500)}})
+    detail = resp.json()["detail"]
+    assert resp.status_code == 400 and detail.count("k") == 20 and detail.endswith("; and 480 more"), detail
+
+
 def test_a_body_too_large_to_be_a_conf_is_refused_unread():
     resp = _post("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"set": ["x" * 4096] * 300}})
     assert resp.status_code == 413 and "at most 64 KiB" in resp.json()["detail"]

@@ -17,6 +17,7 @@ from taxiway_airflow.conf_numbers import bad_numbers
 TAXIWAY_DAGS = ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep")
 TRIGGER = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")  # body: {"conf": {...}}
 BACKFILL = re.compile(r"^/api/v2/backfills(/dry_run)?/?$")       # body: {"dag_id": ..., "dag_run_conf": {...}}
+MAX_NAMED = 20  # keys named in one refusal: the answer stays short whatever the trigger sent
 MAX_BODY = 1 << 20  # a Taxiway conf is at most 64 KiB (params.MAX_CONF_BYTES): a body past 1 MiB is refused unread
 
 
@@ -38,7 +39,9 @@ class TriggerConfGuard:
         if len(body) > MAX_BODY:
             return await _refuse(send, 413, f"request body larger than {MAX_BODY >> 20} MiB; a conf is at most 64 KiB")
         if problems := _conf_problems(body, dag_from_path=trigger is not None):
-            return await _refuse(send, 400, "conf: " + "; ".join(f"{path}: {why}" for path, why in problems))
+            named = "; ".join(f"{path}: {why}" for path, why in problems[:MAX_NAMED])
+            more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
+            return await _refuse(send, 400, f"conf: {named}{more}")
         replayed = False
 
         async def replay() -> dict[str, Any]:
