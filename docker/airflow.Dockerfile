@@ -2,7 +2,12 @@
 # Celery workers, triggerer). Build from the repo root:
 #   docker build -f docker/airflow.Dockerfile -t taxiway-airflow:<git-sha> .
 # Pinned by tag here; pin by digest at build time for bit-identical rebuilds (docker/README.md).
-FROM apache/airflow:3.3.2-python3.11
+# `make images` passes a stand-in base (no registry here) and a local torch wheel (docker/README.md).
+ARG BASE_IMAGE=apache/airflow:3.3.2-python3.11
+FROM ${BASE_IMAGE}
+# where pip finds torch's CPU wheel; PIP_FIND_LINKS (unset by default, pip reads it) adds a folder of wheels
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # uid 50000 is the image's airflow user; the chart runs the pods as uid 10001 with gid 0, which the
@@ -14,7 +19,7 @@ USER 50000
 #    (several GB) belong in the trainer image only.
 # 2. this package and the providers, everything at the repo's pinned versions; apache-airflow is named so
 #    that pip never moves the image's Airflow (the official image's advice for adding packages).
-RUN pip install --no-cache-dir --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+RUN pip install --no-cache-dir --no-deps --index-url="${TORCH_CPU_INDEX}" torch==2.13.0 \
     && pip install --no-cache-dir -c /opt/taxiway/requirements/constraints.txt \
         apache-airflow==3.3.2 \
         apache-airflow-providers-cncf-kubernetes==10.25.0 \

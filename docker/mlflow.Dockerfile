@@ -2,7 +2,9 @@
 # artifacts proxied by the server (--serve-artifacts). Build from the repo root:
 #   docker build -f docker/mlflow.Dockerfile -t taxiway-mlflow:3.17.2-<git-sha> .
 # Pinned by tag here; pin by digest at build time for bit-identical rebuilds (docker/README.md).
-FROM python:3.11.13-slim-bookworm
+# `make images` passes a stand-in base (no registry here; docker/README.md).
+ARG BASE_IMAGE=python:3.11.16-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -577,6 +577,18 @@ def instructions(text: str) -> list[tuple[str, str]]:
             if not m.group(0).lstrip().startswith("#")]
 
 
+def build_args(text: str) -> dict[str, str]:
+    """Each ``ARG NAME=default`` of a Dockerfile."""
+    return dict(arg.split("=", 1) for op, arg in instructions(text) if op == "ARG" and "=" in arg)
+
+
+def base_image(text: str) -> str:
+    """The FROM line with its build arguments at their defaults: what a plain ``docker build`` uses
+    (``make images`` passes stand-in bases through BASE_IMAGE)."""
+    (base,) = [arg for op, arg in instructions(text) if op == "FROM"]
+    return re.sub(r"\$\{(\w+)\}", lambda m: build_args(text)[m.group(1)], base)
+
+
 IMAGES = {"trainer": (r"pytorch/pytorch:2\.13\.0-cuda13\.0-cudnn9-runtime", ["python", "-m", "trainer"]),
           "airflow": (r"apache/airflow:3\.3\.2-python3\.11", None),
           "mlflow": (r"python:3\.11\.\d+-slim-bookworm", ["mlflow", "server"])}
@@ -586,8 +598,8 @@ IMAGES = {"trainer": (r"pytorch/pytorch:2\.13\.0-cuda13\.0-cudnn9-runtime", ["py
 def test_dockerfile_pins_runs_non_root_and_sets_its_entrypoint(name: str):
     base, entrypoint = IMAGES[name]
     steps = instructions(dockerfile(name))
-    froms = [arg for op, arg in steps if op == "FROM"]
-    assert len(froms) == 1 and re.fullmatch(base + r"(@sha256:[0-9a-f]{64})?", froms[0]), froms
+    assert [arg for op, arg in steps if op == "FROM"] == ["${BASE_IMAGE}"]
+    assert re.fullmatch(base + r"(@sha256:[0-9a-f]{64})?", base_image(dockerfile(name))), base_image(dockerfile(name))
     users = [arg for op, arg in steps if op == "USER"]
     assert users and re.fullmatch(r"[1-9]\d*", users[-1]), f"last USER must be a numeric non-root uid: {users}"
     entrypoints = [arg for op, arg in steps if op == "ENTRYPOINT"]
@@ -601,6 +613,17 @@ def test_dockerfile_pins_runs_non_root_and_sets_its_entrypoint(name: str):
                 packages = [w for w in install.split() if not w.startswith("-") and not w.startswith(("/", "http"))]
                 assert all("==" in p for p in packages), f"unpinned: {packages}"
                 assert "--no-cache-dir" in install
+
+
+def test_dockerfiles_default_to_the_real_sources():
+    """What ``make images`` swaps for a build here (no registry, no download.pytorch.org) defaults to the
+    real thing, and the trainer asserts CUDA 13 unless told it is a CPU build."""
+    trainer, airflow = build_args(dockerfile("trainer")), build_args(dockerfile("airflow"))
+    assert trainer["TORCH_INDEX"] == "https://download.pytorch.org/whl/cu130" and trainer["TORCH_CUDA"] == "13"
+    assert airflow["TORCH_CPU_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    assert "os.environ['TORCH_CUDA']" in dockerfile("trainer")
+    for name in IMAGES:
+        assert ":latest" not in base_image(dockerfile(name))
 
 
 def test_training_pods_call_torchrun_themselves():
