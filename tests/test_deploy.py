@@ -321,6 +321,8 @@ def test_values_wire_taxiway_into_airflow():
     assert v["airflowVersion"] == "3.3.2"
     assert v["images"]["airflow"]["repository"] == v["defaultAirflowRepository"]
     assert v["images"]["airflow"]["tag"] not in ("", "latest")
+    # the digest key is there to be set at install; never a made-up value in the file
+    assert "digest" in v["images"]["airflow"] and v["images"]["airflow"]["digest"] in (None, "")
     env = {e["name"]: e["value"] for e in v["env"]}
     cfg = _k8s_config()
     mount = cfg.compute.kubernetes.mount_path
