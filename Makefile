@@ -20,7 +20,7 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test test-live lint venv browser services airflow prod-local mlflow-ui bench clean
+.PHONY: demo test test-live lint venv browser services images airflow prod-local mlflow-ui bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
@@ -63,8 +63,15 @@ services:
 	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 && command -v redis-server > /dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq postgresql redis-server; }
 
+# The three images built for real with buildah (no daemon), on stand-in bases made from Debian's packages
+# where the official ones cannot be pulled, and each one's smoke run through its entrypoint (docker/README.md)
+images: $(STAMP)
+	@command -v buildah > /dev/null && command -v debootstrap > /dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq buildah debootstrap; }
+	nice -n 10 $(BIN)/python docker/build_images.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench deploy
+	$(BIN)/ruff check pipelines trainer eval plugins dags tests bench deploy docker
 	$(BIN)/hadolint docker/*.Dockerfile
 
 airflow: $(AIRFLOW_DB) $(DEMO_DATA)
