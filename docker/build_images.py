@@ -101,10 +101,13 @@ def debian() -> str:
 
 def standin(key: str, built: dict[str, str]) -> str:
     """A stand-in base, rebuilt only when its Containerfile, its parent or the constraints change."""
+    if key in built:
+        return built[key]
     if key == "debian":
-        return debian()
+        built[key] = debian()
+        return built[key]
     official, containerfile, parent = STANDINS[key]
-    parent_image = built.get(parent) or standin(parent, built)
+    parent_image = standin(parent, built)
     digest = hashlib.sha256()
     for path in (REPO / "docker/standin" / containerfile, REPO / "requirements/constraints.txt",
                  REPO / "docker/standin/airflow-entrypoint.sh"):
