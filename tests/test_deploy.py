@@ -29,7 +29,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from test_k8s import RUN_ID, VERSIONS, FakeKube, _context, _first_event, _Store, fake_kube, k8s_run, kube_connection  # noqa: F401
+from fake_kube import FakeKube
+from test_k8s import RUN_ID, VERSIONS, _context, _first_event, _Store, fake_kube, k8s_run, kube_connection  # noqa: F401
 
 from conftest import REPO
 from pipelines.launch import k8s

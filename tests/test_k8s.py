@@ -5,8 +5,8 @@ strict: unknown fields fail) for the oldest supported (1.28: the Job's pod-index
 newest bundled version, and again after going through the provider's own path
 (``KubernetesJobOperator.build_job_request_obj`` / ``dry_run``), which is what the DAG submits.
 The cluster itself is the one boundary that cannot exist here. Rendering tests contact no API
-server; the operator tests below talk real HTTP to ``FakeKube``, a stand-in API server that validates
-what it receives against the strict schema and follows the deletion semantics the code relies on.
+server; the operator tests below talk real HTTP to ``FakeKube`` (``fake_kube.py``), a stand-in cluster
+that validates what it receives against the strict schema and runs the pods it is given.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import netns_pods
 import pytest
 import yaml
+from fake_kube import FakeKube
 from live_airflow import wait_for
 from trainer_corpus import write_corpus
 
@@ -33,6 +32,7 @@ from conftest import REPO, TINY, taxiway
 from pipelines.config import ConfigError, load_config
 from pipelines.launch import k8s
 
+needs_pods = pytest.mark.skipif(netns_pods.available() is not None, reason=str(netns_pods.available()))
 VERSIONS = ("1.28", kubernetes_validate.latest_version())
 DIGEST = "registry.example.com/taxiway-trainer@sha256:" + "0123456789abcdef" * 4
 BASE = [f"compute.kubernetes.image={DIGEST}", "compute.kubernetes.volume_claim=taxiway-home"]
@@ -421,277 +421,6 @@ def test_unknown_launcher_is_an_import_error():
 
 # --- the operator's calls, against a stand-in API server -----------------------------------------
 
-class FakeKube:
-    """The Kubernetes API endpoints the launcher uses, over real HTTP, with a Job controller, a garbage
-    collector and a kubelet that follow the API's semantics the code relies on.
-
-    A cluster cannot exist here; this is that boundary. Every object POSTed is validated against the
-    strict schema of the newest bundled Kubernetes version (what the operator really sends). Created
-    Jobs get one pod per completion index; the kubelet runs pod 0's trainer command (``-m trainer
-    --spec …``, without torchrun, which would need the Service's DNS) as a local process, and the Job
-    completes or fails with it. Deletion is as in a cluster:
-
-    - a pod is not removed at once: it is marked (``deletionTimestamp``), its container gets SIGTERM
-      and ``terminationGracePeriodSeconds`` (then SIGKILL), and it disappears once that container is
-      gone — after ``settle_s`` when no container runs (kubelet and API round trips);
-    - deleting a ``batch/v1`` Job through the API without a ``propagationPolicy`` **orphans** its pods:
-      they keep running, unowned; ``Background`` removes the Job now and its pods as above;
-      ``Foreground`` keeps the Job (marked, with the ``foregroundDeletion`` finalizer) until every
-      pod of it is gone.
-    """
-
-    settle_s = 1.0
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}   # (kind, namespace, name)
-        self.created: list[str] = []                                    # "Kind/name", in order
-        self.requests: list[tuple[str, str]] = []                       # (HTTP method, path?query), in order
-        self.containers: dict[str, subprocess.Popen] = {}               # pod name → its running container
-        self.lock = threading.Lock()
-        self.run_pods = True
-        self.unavailable = 0  # the next N requests answer 503, as an API server whose control plane restarts
-        handler = type("Handler", (_FakeKubeHandler,), {"kube": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        for proc in list(self.containers.values()):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-    def of(self, kind: str) -> dict[str, dict[str, Any]]:
-        with self.lock:
-            return {name: obj for (k, _, name), obj in self.objects.items() if k == kind}
-
-    def set_job_condition(self, name: str, condition: str) -> None:
-        with self.lock:
-            job = next(o for (k, _, n), o in self.objects.items() if k == "Job" and n == name)
-            job["status"] = {"conditions": [{"type": condition, "status": "True", "reason": f"Test{condition}"}]}
-
-    # controller + kubelet
-    def start_job(self, job: dict[str, Any]) -> None:
-        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        template = job["spec"]["template"]
-        job["status"] = {"active": job["spec"]["parallelism"]}
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": f"uid-{name}",
-                 "controller": True, "blockOwnerDeletion": True}
-        for index in range(job["spec"]["completions"]):
-            meta = template["metadata"]
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"{name}-{index}-x7k2p", "namespace": ns, "ownerReferences": [owner],
-                                "labels": {**meta.get("labels", {}), "batch.kubernetes.io/job-name": name,
-                                           k8s.INDEX_KEY: str(index)},
-                                "annotations": {**meta.get("annotations", {}), k8s.INDEX_KEY: str(index)}},
-                   "spec": {**template["spec"], "hostname": f"{name}-{index}"},
-                   "status": {"phase": "Running"}}
-            self.objects[("Pod", ns, pod["metadata"]["name"])] = pod
-        if self.run_pods:
-            pod_0 = f"{name}-0-x7k2p"
-            container = job["spec"]["template"]["spec"]["containers"][0]
-            env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-            args = container["args"]
-            self.containers[pod_0] = subprocess.Popen(
-                [sys.executable, *args[args.index("-m"):]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"})
-            threading.Thread(target=self._kubelet, args=(job, pod_0), daemon=True).start()
-
-    def _kubelet(self, job: dict[str, Any], pod_name: str) -> None:
-        proc = self.containers[pod_name]
-        out = proc.communicate()[0]
-        with self.lock:
-            if ("Job", job["metadata"]["namespace"], job["metadata"]["name"]) in self.objects:
-                kind = "Complete" if proc.returncode == 0 else "Failed"
-                job["status"] = {"conditions": [{"type": kind, "status": "True", "reason": f"pod exit {proc.returncode}"}]}
-                job["log"] = out
-
-    # deletion, as the API server, garbage collector and kubelet do it
-    def delete(self, kind: str, ns: str, name: str, policy: str | None) -> dict[str, Any] | None:
-        """Called under ``lock``. Returns the object when it stays (being deleted), None when it went."""
-        key = (kind, ns, name)
-        obj = self.objects[key]
-        if kind == "Pod":
-            self._terminate(key)
-            return obj
-        if kind != "Job":
-            del self.objects[key]
-            return None
-        pods = self._pods_of(ns, name)
-        policy = policy or "Orphan"  # batch/v1 Jobs deleted through the API: the legacy default
-        if policy == "Orphan":
-            for pod in pods:
-                pod["metadata"]["ownerReferences"] = []
-            del self.objects[key]
-            return None
-        for pod in pods:
-            self._terminate(("Pod", ns, pod["metadata"]["name"]))
-        if policy == "Foreground" and pods:
-            obj["metadata"].update(deletionTimestamp=_now(), finalizers=["foregroundDeletion"])
-            return obj
-        del self.objects[key]
-        return None
-
-    def _pods_of(self, ns: str, job: str) -> list[dict[str, Any]]:
-        return [o for (k, n, _), o in self.objects.items() if k == "Pod" and n == ns
-                and any(ref["kind"] == "Job" and ref["name"] == job for ref in o["metadata"].get("ownerReferences", []))]
-
-    def _terminate(self, key: tuple[str, str, str]) -> None:
-        pod = self.objects[key]
-        if "deletionTimestamp" in pod["metadata"]:
-            return
-        pod["metadata"]["deletionTimestamp"] = _now()
-        threading.Thread(target=self._kill_and_remove, args=(key, pod["spec"].get("terminationGracePeriodSeconds", 30)),
-                         daemon=True).start()
-
-    def _kill_and_remove(self, key: tuple[str, str, str], grace_s: float) -> None:
-        proc = self.containers.get(key[2])
-        if proc and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        time.sleep(self.settle_s)
-        with self.lock:
-            pod = self.objects.pop(key, None)
-            for ref in (pod or {}).get("metadata", {}).get("ownerReferences", []):  # foreground: the owner goes last
-                job = self.objects.get(("Job", key[1], ref["name"]))
-                if job and "foregroundDeletion" in job["metadata"].get("finalizers", []) \
-                        and not self._pods_of(key[1], ref["name"]):
-                    del self.objects[("Job", key[1], ref["name"])]
-
-
-def _now() -> str:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
-    for term in filter(None, selector.split(",")):
-        if term.startswith("!"):
-            ok = term[1:] not in labels
-        elif "!=" in term:
-            key, value = term.split("!=")
-            ok = labels.get(key) != value
-        else:
-            key, value = term.split("=")
-            ok = labels.get(key) == value
-        if not ok:
-            return False
-    return True
-
-
-class _FakeKubeHandler(BaseHTTPRequestHandler):
-    """/api/v1/namespaces/{ns}/{services,pods}[/{name}[/log]], /apis/batch/v1/namespaces/{ns}/jobs[/{name}[/status]]."""
-
-    kube: FakeKube
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _route(self) -> tuple[str, str, str | None, str | None, dict[str, str]]:
-        from urllib.parse import parse_qsl, urlsplit
-
-        self.kube.requests.append((self.command, self.path))
-        url = urlsplit(self.path)
-        parts = url.path.strip("/").split("/")
-        parts = parts[2:] if parts[0] == "api" else parts[3:]   # drop api/v1 or apis/batch/v1
-        _, ns, plural, *rest = parts
-        kind = {"services": "Service", "pods": "Pod", "jobs": "Job"}[plural]
-        return kind, ns, (rest[0] if rest else None), (rest[1] if len(rest) > 1 else None), dict(parse_qsl(url.query))
-
-    def _unavailable(self) -> bool:
-        """Answer 503 while the test says the API server is unavailable (the request is still recorded)."""
-        with self.kube.lock:
-            if self.kube.unavailable <= 0:
-                return False
-            self.kube.unavailable -= 1
-        self.kube.requests.append((self.command, self.path))
-        self._body()  # read off the request body so the connection can carry the next request
-        self._status(503, "ServiceUnavailable")
-        return True
-
-    def _send(self, code: int, body: Any) -> None:
-        data = (body if isinstance(body, str) else json.dumps(body)).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(length) or b"{}")
-
-    def _status(self, code: int, reason: str) -> None:
-        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code})
-
-    def do_GET(self) -> None:
-        if self._unavailable():
-            return
-        kind, ns, name, sub, query = self._route()
-        kube = self.kube
-        with kube.lock:
-            if name is None:
-                items = [o for (k, n, _), o in kube.objects.items() if k == kind and n == ns
-                         and _selector_matches(query.get("labelSelector", ""), o["metadata"].get("labels", {}))]
-                return self._send(200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {}, "items": items})
-            obj = kube.objects.get((kind, ns, name))
-            if obj is None:
-                return self._status(404, "NotFound")
-            if sub == "log":
-                job = kube.objects.get(("Job", ns, obj["metadata"]["labels"]["batch.kubernetes.io/job-name"]))
-                return self._send(200, (job or {}).get("log", ""))
-            return self._send(200, {k: v for k, v in obj.items() if k != "log"})
-
-    def do_POST(self) -> None:
-        if self._unavailable():
-            return
-        kind, ns, _, _, _ = self._route()
-        body = self._body()
-        kubernetes_validate.validate(body, VERSIONS[-1], strict=True)
-        kube = self.kube
-        with kube.lock:
-            key = (kind, ns, body["metadata"]["name"])
-            if key in kube.objects:
-                return self._status(409, "AlreadyExists")
-            kube.objects[key] = body
-            kube.created.append(f"{kind}/{body['metadata']['name']}")
-            if kind == "Job":
-                kube.start_job(body)
-        self._send(201, body)
-
-    def do_PATCH(self) -> None:
-        if self._unavailable():
-            return
-        kind, ns, name, _, _ = self._route()
-        patch = self._body()
-        with self.kube.lock:
-            obj = self.kube.objects.get((kind, ns, name))
-            if obj is None:
-                return self._status(404, "NotFound")
-            obj["metadata"].setdefault("labels", {}).update(patch.get("metadata", {}).get("labels", {}))
-        self._send(200, obj)
-
-    def do_DELETE(self) -> None:
-        if self._unavailable():
-            return
-        kind, ns, name, _, query = self._route()
-        options = self._body()  # DeleteOptions may come as the body or as query parameters
-        policy = query.get("propagationPolicy") or options.get("propagationPolicy")
-        kube = self.kube
-        with kube.lock:
-            if (kind, ns, name) not in kube.objects:
-                return self._status(404, "NotFound")
-            staying = kube.delete(kind, ns, name, policy)
-        self._send(200, staying or {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-
-
 class _Store:
     """Airflow 3.3's ``task_state_store`` as an operator sees it: per task instance, across tries."""
 
@@ -735,13 +464,9 @@ def _first_event(trigger: Any, timeout_s: float = 120.0) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fake_kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    kube = FakeKube()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": kube.url}}],
-        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+def fake_kube(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch):
+    kube = FakeKube(tmp_path / "kube", volumes={"taxiway-home": home})
+    kubeconfig = kube.kubeconfig(tmp_path / "kubeconfig")
     monkeypatch.setenv("AIRFLOW_CONN_TAXIWAY_FAKE_K8S", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
     yield kube
@@ -764,6 +489,7 @@ def k8s_run(home: Path):
     return {"run_dir": str(run_dir)}
 
 
+@needs_pods
 def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str], fake_kube: FakeKube):
     """Setup → Job → the worker dies → the retry re-attaches (no second Job) → trigger → trained model."""
     from airflow.sdk.exceptions import TaskDeferred

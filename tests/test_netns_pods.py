@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import netns_pods
@@ -59,3 +60,16 @@ def test_a_pod_cut_off_reaches_nobody(network):
                                     "s.connect(('gang-0.svc', 29511))"], stderr=subprocess.PIPE, text=True)
     _, err = probe.communicate(timeout=30)
     assert probe.returncode != 0 and ("timed out" in err or "unreachable" in err or "No route" in err), err
+
+
+def test_a_pod_added_later_is_named_in_the_hosts_of_pods_already_running(network):
+    """As the cluster DNS names a pod once it has an address, a running pod resolves a pod created after it."""
+    first = network.add("gang-0", "svc")
+    waiting = network.popen(first, [sys.executable, "-c", "import socket, time\nfor _ in range(100):\n"
+                                     "    try:\n        print(socket.gethostbyname('gang-1.svc')); break\n"
+                                     "    except OSError:\n        time.sleep(0.1)"],
+                            stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    second = network.add("gang-1", "svc")
+    out, _ = waiting.communicate(timeout=30)
+    assert out.strip() == second.address
