@@ -28,9 +28,32 @@ def _epoch(iso: str | None) -> float:
     return datetime.fromisoformat(iso).timestamp() if iso else 0.0
 
 
+def look(clock: Any, status: dict[str, Any], started: float, now: float) -> tuple[bool, str | None]:
+    """Advance ``clock`` (a ``Watch`` or a ``StatusWatch``: its ``seen``, ``moved_at`` and budgets) by one
+    look at ``status``; returns (the status is this attempt's, why it is stalled or None)."""
+    heartbeat = _epoch(status.get("heartbeat_at"))
+    fresh = heartbeat >= started
+    if not clock.moved_at:
+        clock.moved_at = started
+    if fresh and (key := f"{status.get('state')}@{status.get('step')}") != clock.seen:
+        clock.seen, clock.moved_at = key, now
+    last_sign = clock.moved_at
+    if fresh and status.get("state") in _BUSY_WITHOUT_STEPS:
+        last_sign = max(last_sign, heartbeat)
+    # Before this attempt's first sign, and once the trainer says it is done and only has to
+    # exit, the longer startup budget applies; in between, the stall budget.
+    steady = clock.seen and status.get("state") not in DONE
+    limit, what = ((clock.stall_timeout_s, "compute.stall_timeout_s") if steady else
+                   (clock.startup_timeout_s, "compute.startup_timeout_s"))
+    if now - last_sign > limit:
+        return fresh, (f"no heartbeat and no step progress for {now - last_sign:.0f} s ({what}={limit:g}); "
+                       f"last seen {clock.seen or 'nothing from this attempt'}")
+    return fresh, None
+
+
 @dataclass
 class Watch:
-    """Progress clock of one gang attempt: the last (state, step) seen and when it last moved."""
+    """Progress clock of one local gang attempt: the last (state, step) seen and when it last moved."""
 
     gang_json: str
     gang_id: str                     # the attempt this watch belongs to (gang.json is rewritten per attempt)
@@ -49,33 +72,38 @@ class Watch:
             return {"state": SUPERSEDED, "detail": f"gang {self.gang_id} was replaced by gang {handle.gang_id}",
                     "status": {}, "attempt": handle.attempt, "watch": self.as_dict()}
         gang = local.poll(handle)
-        started = _epoch(handle.started_at)
         status = RunFolder.of_gang(handle.path).read_status()
-        heartbeat = _epoch(status.get("heartbeat_at"))
-        fresh = heartbeat >= started
-        if not self.moved_at:
-            self.moved_at = started
-        if fresh and (key := f"{status.get('state')}@{status.get('step')}") != self.seen:
-            self.seen, self.moved_at = key, now
-        last_sign = self.moved_at
-        if fresh and status.get("state") in _BUSY_WITHOUT_STEPS:
-            last_sign = max(last_sign, heartbeat)
+        fresh, stalled = look(self, status, _epoch(handle.started_at), now)
         out = {"state": gang.state, "detail": gang.detail, "status": status if fresh else {},
                "attempt": handle.attempt, "watch": self.as_dict()}
         if gang.state != local.RUNNING:
             return out
         if now > self.deadline:
             return {**out, "state": TIMED_OUT, "detail": "training gang exceeded compute.timeout_s"}
-        # Before this attempt's first sign, and once the trainer says it is done and only has to
-        # exit, the longer startup budget applies; in between, the stall budget.
-        steady = self.seen and status.get("state") not in DONE
-        limit, what = ((self.stall_timeout_s, "compute.stall_timeout_s") if steady else
-                       (self.startup_timeout_s, "compute.startup_timeout_s"))
-        if now - last_sign > limit:
-            return {**out, "state": STALLED,
-                    "detail": f"no heartbeat and no step progress for {now - last_sign:.0f} s ({what}={limit:g}); "
-                              f"last seen {self.seen or 'nothing from this attempt'}"}
+        if stalled:
+            return {**out, "state": STALLED, "detail": stalled}
         return out
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class StatusWatch:
+    """Progress clock of a gang that something else runs and reports on (a Kubernetes Job): only the
+    run's ``status.json`` and the attempt's start. Serializable, as a trigger's argument."""
+
+    run_dir: str
+    started: float                   # epoch seconds: the attempt's start (its Job's creation)
+    stall_timeout_s: float
+    startup_timeout_s: float
+    seen: str = ""
+    moved_at: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def stalled(self, now: float | None = None) -> str | None:
+        """Why the attempt counts as stalled now, or None."""
+        now = time.time() if now is None else now
+        return look(self, RunFolder(Path(self.run_dir)).read_status(), self.started, now)[1]

@@ -30,7 +30,7 @@ from pipelines.launch import k8s, local
 from pipelines.launch.k8s import Gang
 from pipelines.launch.local import GangFailed, GangTimedOut, Handle
 from pipelines.launch.spec import launch_spec, write_trainer_spec
-from pipelines.launch.watch import STALLED, SUPERSEDED, TIMED_OUT, Watch
+from pipelines.launch.watch import STALLED, SUPERSEDED, TIMED_OUT, StatusWatch, Watch
 from pipelines.registry import lineage
 from pipelines.registry.metrics import last_record
 from pipelines.run_folder import RunFolder, State
@@ -39,12 +39,13 @@ from pipelines.stages.prepare import load_run_config, require
 from trainer import fsio
 
 __all__ = ["CONTAINER", "GANG_LABEL", "STALLED", "SUPERSEDED", "TIMED_OUT", "Gang", "GangFailed", "GangTimedOut", "Handle",
-           "SmokeFailed", "State", "Watch", "cancel", "canceled_by_user", "cleanup", "current", "final_checkpoint_ready",
-           "finish", "hand_over", "launched_here", "load", "progress_line", "progress_ticker", "render_kubernetes", "report",
+           "SmokeFailed", "State", "StatusWatch", "TRY_LABEL", "Watch", "cancel", "canceled_by_user", "cleanup", "current", "final_checkpoint_ready",
+           "finish", "hand_over", "job_watch", "launched_here", "load", "progress_line", "progress_ticker", "render_kubernetes", "report", "report_attempt",
            "run", "smoke", "spec", "started_up", "state", "submit", "take_over", "watch"]
 
 CONTAINER = k8s.CONTAINER      # the trainer's container in every node pod
 GANG_LABEL = k8s.GANG_LABEL    # selects every pod of a run's gang, all tries
+TRY_LABEL = k8s.TRY_LABEL      # the Airflow try that created a Job
 
 
 class SmokeFailed(CheckFailed):
@@ -154,10 +155,15 @@ def watch(handle: Handle, cfg: RunConfig) -> Watch:
 
 def report(handle: Handle, run_key: str) -> str | None:
     """Ship unshipped metric lines and the restart count to MLflow; return the progress line."""
-    run_dir = RunFolder.of_gang(handle.path).root
-    registry.ship(load_run_config(run_dir), run_dir, run_key, restarts=handle.attempt - 1)
-    line = progress_line(run_dir, time.time() - datetime.fromisoformat(handle.started_at).timestamp())
-    return f"attempt {handle.attempt}: {line}" if line else None
+    return report_attempt(RunFolder.of_gang(handle.path).root, run_key, handle.attempt,
+                          datetime.fromisoformat(handle.started_at).timestamp())
+
+
+def report_attempt(run_dir: Path, run_key: str, attempt: int, started: float) -> str | None:
+    """``report`` for any launcher: attempt ``attempt`` (1 = no restart yet) started at epoch ``started``."""
+    registry.ship(load_run_config(run_dir), run_dir, run_key, restarts=attempt - 1)
+    line = progress_line(run_dir, time.time() - started)
+    return f"attempt {attempt}: {line}" if line else None
 
 
 # Kubernetes ---------------------------------------------------------------------------------------
@@ -166,6 +172,11 @@ def render_kubernetes(cfg: RunConfig, run_dir: Path, run_id: str, try_number: in
     """The gang's Service and Indexed Job for one try (the spec they run is ``spec``'s)."""
     command = launch_spec(cfg, run_dir, RunFolder(run_dir).trainer_spec).trainer_args()
     return k8s.render(cfg, run_id=run_id, try_number=try_number, command=command)
+
+
+def job_watch(cfg: RunConfig, run_dir: Path, started: float) -> StatusWatch:
+    """The progress clock a Job's trigger keeps (the Job itself enforces ``compute.timeout_s``)."""
+    return StatusWatch(str(run_dir), started, cfg.compute.stall_timeout_s, cfg.compute.startup_timeout_s)
 
 
 # both launchers -----------------------------------------------------------------------------------

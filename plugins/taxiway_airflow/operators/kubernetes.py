@@ -8,8 +8,10 @@ run's config, plus what a training gang needs on top of it:
   so a retry after a worker crash re-attaches to the running Job instead of starting a second gang;
 - **one gang at a time**: before a new try creates its Job, the Jobs of earlier tries are deleted
   and their pods waited for (SIGTERM → checkpoint), so two gangs never write one run folder;
-- **deferrable**: waiting happens in the triggerer; failing or clearing the deferred task deletes
-  the Job (``GangJobTrigger.on_kill``), a killed worker does the same (the provider's ``on_kill``).
+- **deferrable**: waiting happens in the triggerer, which also judges stalls on the run's
+  ``status.json`` (a Job whose pods hang never fails by itself) and reports progress; failing or
+  clearing the deferred task deletes the Job (``GangJobTrigger.on_kill``), a killed worker does the
+  same (the provider's ``on_kill``).
 
 The deployment picks the launcher when the DAG is parsed (``TAXIWAY_LAUNCHER=kubernetes``; a DAG's
 structure cannot depend on a run's conf), and only then does the DAG import this module (the
@@ -28,8 +30,8 @@ from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, Kub
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import ApiClient
-from kubernetes.client import models as k8s
 
+from pipelines import run_folder
 from pipelines.errors import Transient
 from pipelines.stages import train as train_stage
 from pipelines.stages.prepare import load_run_config
@@ -66,12 +68,13 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
     operator_extra_links = TRAIN_LINKS  # the MLflow run the trigger ships metrics into
 
     def __init__(self, *, run: Any, pods_timeout_s: float = 120.0, **kwargs: Any) -> None:
-        kwargs = {"deferrable": True, "job_poll_interval": 30, "get_logs": True, **kwargs}
+        kwargs = {"deferrable": True, "job_poll_interval": 5, "get_logs": True, **kwargs}
         super().__init__(completion_mode="Indexed", backoff_limit=0, wait_until_job_complete=True,
                          random_name_suffix=False, do_xcom_push=False, **kwargs)
         self.run = run
         self.pods_timeout_s = pods_timeout_s
         self.gang = None
+        self._watch: dict[str, Any] = {}  # what the trigger needs beyond the provider's: set before deferring
 
     def adopt(self, gang: train_stage.Gang, connection_id: str) -> None:
         """Take the rendered gang as this operator's Job and pod (what ``build_job_request_obj`` reads),
@@ -115,6 +118,8 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
         if job is None:
             return "missing"
+        if job.metadata.deletion_timestamp:  # a stalled or canceled gang on its way out: never re-attach to it
+            return "deleting"
         if self.hook.is_job_successful(job):
             return "succeeded"
         return "failed" if self.hook.is_job_failed(job) else "active"
@@ -126,8 +131,17 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return status == "succeeded"
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
-        self.job = k8s.V1Job(metadata=k8s.V1ObjectMeta(name=external_id["name"], namespace=external_id["namespace"]))
+        self.job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
+        if self.job is None:
+            raise Transient(f"Kubernetes Job {external_id['namespace']}/{external_id['name']} is gone")
         self.pods = self.get_pods(pod_request_obj=self.pod_request_obj, context=context)
+        cfg = self._config()
+        started = self.job.metadata.creation_timestamp.timestamp()
+        self._watch = {"watch": train_stage.job_watch(cfg, run_dir_of(self.run), started).as_dict(),
+                       "run_key": self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"]),
+                       "attempt": int(self.job.metadata.labels.get(train_stage.TRY_LABEL, "1")),
+                       "report_every_s": cfg.compute.report_every_s,
+                       "poll_interval": min(self.job_poll_interval, cfg.compute.stall_timeout_s / 4)}
         if self.deferrable:
             self.execute_deferrable()  # raises TaskDeferred; execute_complete resumes
         job = self.hook.wait_until_job_complete(job_name=self.job.metadata.name, namespace=self.job.metadata.namespace,
@@ -147,7 +161,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
             pod_names=[pod.metadata.name for pod in self.pods], pod_namespace=self.pods[0].metadata.namespace,
             base_container_name=self.base_container_name, kubernetes_conn_id=self.kubernetes_conn_id,
             cluster_context=self.cluster_context, config_file=self.config_file, in_cluster=self.in_cluster,
-            poll_interval=self.job_poll_interval, get_logs=self.get_logs, do_xcom_push=False)
+            get_logs=self.get_logs, do_xcom_push=False, **self._watch)
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict[str, Any], **kwargs: Any) -> Any:
