@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
-import netns_pods
 import pytest
 import yaml
 from fake_kube import FakeKube
@@ -32,7 +31,6 @@ from conftest import REPO, TINY, taxiway
 from pipelines.config import ConfigError, load_config
 from pipelines.launch import k8s
 
-needs_pods = pytest.mark.skipif(netns_pods.available() is not None, reason=str(netns_pods.available()))
 VERSIONS = ("1.28", kubernetes_validate.latest_version())
 DIGEST = "registry.example.com/taxiway-trainer@sha256:" + "0123456789abcdef" * 4
 BASE = [f"compute.kubernetes.image={DIGEST}", "compute.kubernetes.volume_claim=taxiway-home"]
@@ -337,7 +335,9 @@ def test_trigger_round_trips_through_serialization():
 
     trigger = GangJobTrigger(job_name="job-x-t1", job_namespace="taxiway", pod_names=["job-x-t1-0-abcde"],
                              pod_namespace="taxiway", base_container_name=k8s.CONTAINER,
-                             kubernetes_conn_id="taxiway_test_k8s")
+                             kubernetes_conn_id="taxiway_test_k8s", run_key="taxiway_train/r", attempt=2,
+                             report_every_s=30.0, watch={"run_dir": "/taxiway/runs/r", "started": 1.5e9,
+                                                         "stall_timeout_s": 60.0, "startup_timeout_s": 600.0})
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     again = getattr(importlib.import_module(module), name)(**kwargs)
@@ -487,43 +487,6 @@ def k8s_run(home: Path):
     packed = tokenize.pack_splits(cfg).path
     fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
     return {"run_dir": str(run_dir)}
-
-
-@needs_pods
-def test_gang_reattaches_after_a_lost_worker_and_finishes(k8s_run: dict[str, str], fake_kube: FakeKube):
-    """Setup → Job → the worker dies → the retry re-attaches (no second Job) → trigger → trained model."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    from taxiway_airflow.operators.kubernetes import GangJob
-    from taxiway_airflow.tasks.kubernetes import create_service
-    from taxiway_airflow.triggers.kubernetes import GangJobTrigger
-
-    job_1, service = k8s.names(RUN_ID, 1)
-    assert create_service(k8s_run, RUN_ID) == {"service": service, "namespace": "taxiway"}
-    assert create_service(k8s_run, RUN_ID)["service"] == service  # a retried setup finds it
-    store = _Store()
-    with pytest.raises(TaskDeferred) as first:
-        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(_context(1, store))
-    assert store.data["taxiway_k8s_job"] == {"name": job_1, "namespace": "taxiway"}
-    assert isinstance(first.value.trigger, GangJobTrigger) and first.value.trigger.job_name == job_1
-
-    # the worker holding try 1 dies; try 2 runs the operator from scratch with the same task state
-    ctx = _context(2, store)
-    with pytest.raises(TaskDeferred) as second:
-        GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2).execute(ctx)
-    assert second.value.trigger.job_name == job_1
-    assert fake_kube.created == [f"Service/{service}", f"Job/{job_1}"]  # one gang, never two
-
-    event = _first_event(second.value.trigger)  # the kubelet runs the trainer command of pod 0
-    assert event["status"] == "success", event
-    resumed = GangJob(task_id="gang", run=k8s_run)  # after a deferral Airflow builds the operator anew
-    result = resumed.execute_complete(ctx, event)
-    model = Path(result["model_dir"])
-    assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
-    status = json.loads((Path(k8s_run["run_dir"]) / "status.json").read_text())
-    assert (status["state"], status["step"]) == ("succeeded", 6)
-    wait_for("the finished pods to be deleted by the provider (on_finish_action)",
-             lambda: not fake_kube.of("Pod"), 60, every_s=0.2)
 
 
 def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_run: dict[str, str],
