@@ -58,10 +58,12 @@ test-live: lint browser services
 browser:
 	@command -v chromium > /dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-# the tests start PostgreSQL and Redis of their own on free ports (tests/services.py), from Debian's binaries
+# the tests start PostgreSQL and Redis of their own on free ports (tests/services.py), from Debian's binaries;
+# the stand-in cluster's pods get network namespaces from iproute2 (tests/netns_pods.py)
 services:
 	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 && command -v redis-server > /dev/null \
-		|| { apt-get update -qq && apt-get install -y -qq postgresql redis-server; }
+		&& command -v ip > /dev/null && command -v unshare > /dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq postgresql redis-server iproute2 util-linux; }
 
 # The three images built for real with buildah (no daemon), on stand-in bases made from Debian's packages
 # where the official ones cannot be pulled, and each one's smoke run through its entrypoint (docker/README.md)
