@@ -29,4 +29,4 @@ RUN pip install --no-cache-dir --no-deps --index-url="${TORCH_CPU_INDEX}" torch=
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/taxiway/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/taxiway/plugins \
     AIRFLOW__CORE__LOAD_EXAMPLES=False \
-    TAXIWAY_CONFIG=/opt/taxiway/configs/base.yaml
+    TAXIWAY_CONFIG=/opt/taxiway/configs/demo.yaml

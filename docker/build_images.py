@@ -183,8 +183,8 @@ def smoke_trainer(image: str) -> str:
 
 
 def smoke_airflow(image: str) -> str:
-    """`airflow version`, then the DAG folder parsed as the DAG processor would: with the local launcher
-    on configs/demo.yaml, and with the environment deploy/airflow-values.yaml gives every component
+    """`airflow version`, then the DAG folder parsed as the DAG processor would: with the image's own
+    environment (the local launcher on configs/demo.yaml), and with the environment deploy/airflow-values.yaml gives every component
     (TAXIWAY_LAUNCHER=kubernetes, configs/kubernetes.yaml, ...). Zero import errors in both."""
     import yaml
     version = run(image, ["version"]).strip().splitlines()[-1]
@@ -195,7 +195,7 @@ def smoke_airflow(image: str) -> str:
     values = yaml.safe_load((REPO / "deploy/airflow-values.yaml").read_text())
     deployed = tuple(f"{e['name']}={e['value']}" for e in values["env"] if "value" in e)
     results = []
-    for launcher, env in (("local", ("TAXIWAY_LAUNCHER=local", "TAXIWAY_CONFIG=/opt/taxiway/configs/demo.yaml")),
+    for launcher, env in (("local", ()),
                           ("kubernetes", deployed)):
         out = json.loads(run(image, ["python", "-c", parse], env=env).splitlines()[-1])
         if out["import_errors"] or "taxiway_train" not in out["dags"]:
