@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import netns_pods
@@ -65,11 +64,11 @@ def test_a_pod_cut_off_reaches_nobody(network):
 def test_a_pod_added_later_is_named_in_the_hosts_of_pods_already_running(network):
     """As the cluster DNS names a pod once it has an address, a running pod resolves a pod created after it."""
     first = network.add("gang-0", "svc")
-    waiting = network.popen(first, [sys.executable, "-c", "import socket, time\nfor _ in range(100):\n"
+    waiting = network.popen(first, [sys.executable, "-c", "import socket, sys, time\nfor i in range(300):\n"
                                      "    try:\n        print(socket.gethostbyname('gang-1.svc')); break\n"
-                                     "    except OSError:\n        time.sleep(0.1)"],
+                                     "    except OSError:\n        i or print('unknown', flush=True); time.sleep(0.1)"],
                             stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    assert waiting.stdout.readline().strip() == "unknown"  # it looked the name up before the pod existed
     second = network.add("gang-1", "svc")
-    out, _ = waiting.communicate(timeout=30)
+    out, _ = waiting.communicate(timeout=60)
     assert out.strip() == second.address
