@@ -1,7 +1,8 @@
 """What a waiting sensor concludes from a gang and its ``status.json``: running, done, failed, stalled.
 
-Shared by the Airflow trigger (which re-creates it after every deferral, so the progress clock
-travels in ``Watch.as_dict``) and by anything else that waits on a gang. Progress is a change of
+One clock (``look``) for both launchers: ``Watch`` for a local gang (its processes and ``gang.json``),
+``StatusWatch`` for a gang that something else runs and reports on (a Kubernetes Job, whose own
+status says only running or ended); each travels as a trigger's argument (``as_dict``). Progress is a change of
 the trainer's (state, step) as written in ``status.json`` by this attempt (a file left by an
 earlier attempt does not count). Stalled means no progress for ``stall_timeout_s`` — a node
 stopped with SIGSTOP or a hung collective freezes every rank's step counter — or, before this
