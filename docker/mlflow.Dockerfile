@@ -3,7 +3,7 @@
 #   docker build -f docker/mlflow.Dockerfile -t taxiway-mlflow:3.17.2-<git-sha> .
 # Pinned by tag here; pin by digest at build time for bit-identical rebuilds (docker/README.md).
 # `make images` passes a stand-in base (no registry here; docker/README.md).
-ARG BASE_IMAGE=python:3.11.16-slim-bookworm
+ARG BASE_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
