@@ -8,11 +8,13 @@ strict schema of the newest bundled Kubernetes version (what the operator really
 ``args``, ``env`` and ``workingDir`` (``$(VAR)`` expanded as Kubernetes does; ``valueFrom.fieldRef``
 from the pod's metadata and status, ``secretKeyRef``/``envFrom`` from the stand-in's Secrets; no
 variable of this machine's environment leaks in beyond the image's own ``PATH``), each pod in a
-network namespace and UTS namespace of its own (``netns_pods.py``: its own address, hostname
+network, UTS and PID namespace of its own (``netns_pods.py``: its own address, hostname
 ``<job>-<index>``, and the names ``<job>-<index>.<service>`` of its subdomain resolvable in every pod
 of it, as the cluster DNS answers for a headless Service with ``publishNotReadyAddresses``), with its
 volumes mounted (``pod_entry.py``: a PersistentVolumeClaim as the folder the test binds to that claim,
-an ``emptyDir`` of medium Memory as a tmpfs of its ``sizeLimit``). Every image is this machine's
+an ``emptyDir`` of medium Memory as a tmpfs of its ``sizeLimit``). The PID namespace makes the
+container's command its PID 1 and takes every process it started with it when it ends, those in
+sessions of their own included (torchrun's workers), as a container runtime does. Every image is this machine's
 virtualenv: the image's ``PATH`` is the venv's ``bin``. Pods run as root here (``runAsUser`` is not
 applied: the run folders the test's Airflow writes belong to root).
 
@@ -37,6 +39,7 @@ the Job now and its pods as above; ``Foreground`` keeps the Job (marked, with th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,6 +58,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import kubernetes_validate
 import netns_pods
+import psutil
 import yaml
 
 VERSION = kubernetes_validate.latest_version()
@@ -276,7 +280,8 @@ class FakeKube:
                      "cwd": container.get("workingDir", "/")}
             log = open(self.root / f"{pod_name}.log", "ab")  # noqa: SIM115 - the container's stdout, kept open by it
             proc = subprocess.Popen(
-                [*self.network.exec_prefix(host), "unshare", "--uts", sys.executable, str(POD_ENTRY), json.dumps(entry)],
+                [*self.network.exec_prefix(host), "unshare", "--uts", "--pid", "--fork", "--kill-child", sys.executable,
+                 str(POD_ENTRY), json.dumps(entry)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
             log.close()
             self.containers[pod_name] = proc
@@ -285,7 +290,7 @@ class FakeKube:
                                                                       ready=True)])
             self._sync(ns, _job_of(pod))
         code = proc.wait()
-        _kill_group(proc)  # the container is gone: so is every process it started
+        _kill_group(proc)  # the container is gone: so is every process it started (its PID namespace)
         exit_code = code if code >= 0 else 128 - code
         with self.lock:
             pod = self.objects.get(key)
@@ -390,7 +395,7 @@ class FakeKube:
         proc = self.containers.get(key[2])
         if proc and proc.poll() is None:
             try:
-                os.kill(proc.pid, signal.SIGTERM)  # the container's main process, as the runtime signals it
+                os.kill(_main_process(proc), signal.SIGTERM)  # the container's PID 1, as the runtime signals it
                 proc.wait(grace_s)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
@@ -452,11 +457,24 @@ def _field(pod: dict[str, Any], path: str) -> str:
     return simple[path]
 
 
+def _main_process(proc: subprocess.Popen) -> int:
+    """The container's PID 1: the child ``unshare --fork`` started in the pod's PID namespace (the
+    runtime's own process, ``proc``, while it has not started yet)."""
+    for _ in range(50):
+        with contextlib.suppress(psutil.Error):
+            if children := psutil.Process(proc.pid).children():
+                return children[0].pid
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    return proc.pid
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    """SIGKILL the container: its runtime process (``--kill-child`` takes the pod's PID 1 with it, and the
+    kernel every process of the PID namespace after that, those in sessions of their own included)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Server(ThreadingHTTPServer):

@@ -99,7 +99,8 @@ def test_a_failed_pod_fails_the_job_after_the_others_had_their_sigterm(kube: Fak
 
 
 def test_the_grace_period_ends_in_sigkill_and_the_deadline_fails_the_job(kube: FakeKube):
-    create(kube, job("stubborn", 'trap "" TERM; while true; do sleep 0.1; done', completions=1, deadline_s=2, grace_s=1))
+    create(kube, job("stubborn", 'setsid sleep 4242 & trap "" TERM; while true; do sleep 0.1; done', completions=1,
+                     deadline_s=2, grace_s=1))
     started = time.monotonic()
     assert wait_for("the deadline", lambda: finished(kube, "stubborn"), 60, every_s=0.1) == [
         ("FailureTarget", "DeadlineExceeded"), ("Failed", "DeadlineExceeded")]
@@ -107,4 +108,6 @@ def test_the_grace_period_ends_in_sigkill_and_the_deadline_fails_the_job(kube: F
     gone = wait_for("the pod to go", lambda: [p for p in kube.gone
                                               if p["metadata"]["labels"]["batch.kubernetes.io/job-name"] == "stubborn"], 10)
     assert gone[0]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
-    assert not [p for p in psutil.process_iter(["cmdline"]) if 'trap "" TERM' in " ".join(p.info["cmdline"] or [])]
+    left = [cmd for p in psutil.process_iter(["cmdline"]) if (cmd := " ".join(p.info["cmdline"] or []))
+            and ("sleep 4242" in cmd or 'trap "" TERM' in cmd)]
+    assert not left, left  # every process of the container, the one in a session of its own included

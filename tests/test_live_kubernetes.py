@@ -148,6 +148,11 @@ def _pods_table(pods: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _processes_of(run_dir: Path) -> list[str]:
+    """Processes still running anything of the run (a pod's trainers outliving their pod)."""
+    return [cmd for p in psutil.process_iter(["cmdline"]) if str(run_dir) in (cmd := " ".join(p.info["cmdline"] or []))]
+
+
 def _losses(run_dir: Path) -> dict[int, float]:
     """The loss of each logged step, the last attempt's where a restart logged a step twice."""
     records = [json.loads(line) for line in RunFolder(run_dir).metrics.read_text().splitlines()]
@@ -168,6 +173,7 @@ def test_a_dag_run_on_pods_that_really_run_survives_a_killed_pod_and_matches_the
     assert tis[GANG]["try_number"] == 2
     assert _created(kube, service) == [f"Service/{service}", f"Job/{job_1}", f"Job/{job_2}"]
     wait_for("the teardown to leave nothing", lambda: not (kube.of("Job") or kube.of("Pod") or kube.of("Service")), 60)
+    assert not _processes_of(run_dir)
 
     first = [p for p in kube.gone if p["metadata"]["labels"]["batch.kubernetes.io/job-name"] == job_1]
     second = [p for p in kube.gone if p["metadata"]["labels"]["batch.kubernetes.io/job-name"] == job_2]
@@ -267,6 +273,7 @@ def test_a_cut_pod_is_a_stall_a_lost_worker_reattaches_and_a_cancel_deletes_the_
     tis = live.task_instances(DAG, run_id)
     assert tis["train.teardown"]["state"] == "success", tis["train.teardown"]
     assert not (kube.of("Job") or kube.of("Pod") or kube.of("Service")), kube.created
+    assert not _processes_of(run_dir)  # the stalled Job's hung trainers went with their pods' PID namespaces
     assert _created(kube, service) == [f"Service/{service}", f"Job/{job_1}", f"Job/{job_2}"]
     newest = checkpoint.latest_valid(RunFolder(run_dir).checkpoints)
     saved = int(newest.name.removeprefix("step-")) if newest else -1
