@@ -23,13 +23,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
-from pipelines import run_folder
 from pipelines.errors import BadInput
 from pipelines.stages import train as train_stage
 from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.links import TRAIN_LINKS
-from taxiway_airflow.tasks.common import run_dir_of
+from taxiway_airflow.tasks.common import run_dir_of, run_key_of
 from taxiway_airflow.triggers.gang import GangTrigger
 
 log = logging.getLogger("taxiway")
@@ -95,7 +94,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         train_stage.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
         watch = train_stage.watch(handle, cfg)
         self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
-                                       self._run_key(context)),
+                                       run_key_of(self.run, self.dag_id, context["run_id"])),
                    method_name="execute_complete")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
@@ -150,17 +149,13 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             train_stage.cancel(handle)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
-    def _run_key(self, context: Any) -> str:
-        """The MLflow run the metrics go to: the Airflow run's, or a sweep member's own (its XCom names it)."""
-        return self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"])
-
     def _config(self):
         return load_run_config(run_dir_of(self.run))
 
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""
         try:
-            if line := train_stage.report(train_stage.load(gang_json), self._run_key(context)):
+            if line := train_stage.report(train_stage.load(gang_json), run_key_of(self.run, self.dag_id, context["run_id"])):
                 log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)

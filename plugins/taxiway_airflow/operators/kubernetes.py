@@ -31,14 +31,13 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import ApiClient
 
-from pipelines import run_folder
 from pipelines.errors import Transient
 from pipelines.stages import train as train_stage
 from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.links import TRAIN_LINKS
-from taxiway_airflow.tasks.common import run_dir_of
+from taxiway_airflow.tasks.common import run_dir_of, run_key_of
 from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, render_for_run
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
@@ -138,7 +137,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         cfg = self._config()
         started = self.job.metadata.creation_timestamp.timestamp()
         self._watch = {"watch": train_stage.job_watch(cfg, run_dir_of(self.run), started).as_dict(),
-                       "run_key": self.run.get("run_key") or run_folder.run_key(self.dag_id, context["run_id"]),
+                       "run_key": run_key_of(self.run, self.dag_id, context["run_id"]),
                        "attempt": int(self.job.metadata.labels.get(train_stage.TRY_LABEL, "1")),
                        "report_every_s": cfg.compute.report_every_s,
                        "poll_interval": min(self.job_poll_interval, cfg.compute.stall_timeout_s / 4)}

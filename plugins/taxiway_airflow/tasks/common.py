@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipelines import run_folder
 from pipelines.config import RunConfig
 from pipelines.config.load import load_triggered
 from pipelines.roots import DATA_FIELDS, Roots
@@ -25,6 +26,12 @@ TASK: dict[str, Any] = {"retries": 2, **RETRY, "multiple_outputs": False}
 def run_dir_of(run: dict[str, Any]) -> Path:
     """The run folder named by the ``run`` XCom (``prepared``'s)."""
     return Path(run["run_dir"])
+
+
+def run_key_of(run: dict[str, Any], dag_id: str, run_id: str) -> str:
+    """The MLflow run a training gang's metrics go to: the Airflow run's, or a sweep member's own (its
+    ``run`` XCom names it)."""
+    return run.get("run_key") or run_folder.run_key(dag_id, run_id)
 
 
 def _field(cfg: Any, dotted: str) -> Any:
