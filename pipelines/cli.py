@@ -223,10 +223,11 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
                                                      "(default: $TAXIWAY_CONFIG)")] = None) -> None:
     """Land new data as a batch for taxiway_refresh: files, then manifest, then the completion marker;
     then, when TAXIWAY_AIRFLOW_URL is set, announce it to Airflow as an asset event."""
+    cfg = _land_config(config, required=landing is None)
     if landing is None:
-        landing = _config_landing(config)
+        landing = cfg.refresh.landing
     announce.check()
-    batch = zone.land(src, landing, batch_id)
+    batch = zone.land(src, landing, batch_id, fmt=cfg.data.format if cfg else None)
     typer.echo(f"landed batch {batch.id}: {batch.files} files, {batch.bytes} bytes, manifest sha256 "
                f"{batch.manifest_sha256[:12]}…")
     if announce.configured():
@@ -239,14 +240,18 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
     typer.echo(f"{batch.uri.rstrip('/')}/{zone.MARKER}")
 
 
-def _config_landing(config: Path | None) -> str:
+def _land_config(config: Path | None, required: bool) -> RunConfig | None:
+    """The config naming the landing zone (``refresh.landing``) and the data's format: ``--config``, else
+    ``$TAXIWAY_CONFIG``; needed only when ``--landing`` is not given."""
     path = config or (Path(os.environ["TAXIWAY_CONFIG"]) if os.environ.get("TAXIWAY_CONFIG") else None)
     if path is None:
-        raise BadInput("no landing zone: pass --landing, or --config (or TAXIWAY_CONFIG) with refresh.landing set")
-    landing = load_config(path).refresh.landing
-    if not landing:
+        if required:
+            raise BadInput("no landing zone: pass --landing, or --config (or TAXIWAY_CONFIG) with refresh.landing set")
+        return None
+    cfg = load_config(path)
+    if required and not cfg.refresh.landing:
         raise BadInput(f"{path}: refresh.landing is not set; pass --landing")
-    return landing
+    return cfg
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,35 @@ def test_an_fsspec_landing_zone_works_the_same(tmp_path: Path):
         assert len(manifest.read(batch.manifest)) == 4
     finally:
         fsspec.filesystem("memory").rm(zone.removeprefix("memory://"), recursive=True)
+
+
+@pytest.mark.parametrize(("name", "content", "why"), [
+    ("notes.py", b"print('a source file')\n", "cannot infer format from extension '.py'"),
+    ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), "invalid UTF-8 at byte 3"),
+    ("blob.txt", b"\x00\x01\x02", "binary content (NUL bytes)"),
+    ("docs.jsonl", b'{"text": "fine"}\nnot json\n', "not valid JSON"),
+    ("docs.jsonl", b'{"body": "no text field"}\n', "no string field 'text'"),
+    ("table.parquet", b"PAR1 but not really", "not a readable parquet file"),
+])
+def test_a_batch_the_pipeline_cannot_read_never_lands(tmp_path: Path, name: str, content: bytes, why: str):
+    """Checked at the door (issue 35): every file is read as the preflight and the tokenizer would
+    read it; each unreadable one is named with its reason, and nothing is copied."""
+    src = _source(tmp_path / "src")
+    (src / "train" / name).write_bytes(content)
+    with pytest.raises(landing.LandingError, match=r"refused train/" + re.escape(f"{name} ({why}")) as err:
+        landing.land(src, tmp_path / "landing", batch_id="b1")
+    assert "nothing landed" in str(err.value) and "doc0.txt" not in str(err.value)
+    assert not (tmp_path / "landing").exists() or not any((tmp_path / "landing").iterdir())
+
+
+def test_the_deployments_data_format_reads_files_whatever_their_extension(tmp_path: Path):
+    src = _source(tmp_path / "src", val=False)
+    for path in (src / "train").iterdir():
+        path.rename(path.with_suffix(".json"))
+        path.with_suffix(".json").write_text(json.dumps({"text": "a document"}) + "\n")
+    with pytest.raises(landing.LandingError, match=r"cannot infer format from extension '.json'"):
+        landing.land(src, tmp_path / "landing", batch_id="b1")
+    assert landing.land(src, tmp_path / "landing", batch_id="b1", fmt="jsonl").files == 3
 
 
 def test_cli_land_prints_the_batch_and_refuses_bad_input(home: Path, tmp_path: Path):

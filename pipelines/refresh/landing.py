@@ -8,7 +8,10 @@ error naming the batch, not silently different data. In a local zone the marker 
 a hidden staging folder and one rename puts the batch in place, so a lander killed on its way never
 leaves its id taken. A batch is regular files in real folders: a symlink, fifo, socket or device
 would have the lander copy what the folder does not hold (``/proc/self/environ``), so each is named
-and nothing lands. The landing zone is a local path or an fsspec URI (docs/refresh.md).
+and nothing lands. So is every file the pipeline could not read as documents (its format, its
+encoding, a JSON line without a string ``text``): a batch that lands can be trained on, and one that
+cannot never lands to fail a refresh later. The landing zone is a local path or an fsspec URI
+(docs/refresh.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from pipelines import manifest, storage
+from pipelines import documents, manifest, storage
 from pipelines.errors import BadInput
 from trainer import fsio
 
@@ -77,10 +80,12 @@ def check_batch_id(batch_id: str) -> str:
     return batch_id
 
 
-def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> Batch:
+def land(src: str | Path, landing: str | Path, batch_id: str | None = None, fmt: str | None = None) -> Batch:
     """Copy the folder ``src`` (``train/`` and optionally ``val/``) into the landing zone as a batch:
     files first, then the manifest, then the marker. An interrupted copy leaves no marker, so no
-    reader ever sees it; a source holding links or special files, or an id that exists, is refused."""
+    reader ever sees it; a source holding links or special files, files the pipeline cannot read as
+    documents (``fmt``: the deployment's ``data.format``, else each file's extension), or an id that
+    exists, is refused."""
     source = Path(src)
     if not (source / "train").is_dir():
         raise LandingError(f"{source}: a batch needs a train/ folder (and may have val/)")
@@ -90,6 +95,9 @@ def land(src: str | Path, landing: str | Path, batch_id: str | None = None) -> B
     rels = _regular_files(source)
     if not any(rel.parts[0] == "train" for rel in rels):
         raise LandingError(f"{source}: train/ holds no files")
+    _refuse(source, unreadable(source, rels, fmt),
+            "every file must read as documents (.txt in UTF-8, .jsonl lines with a string 'text', .parquet with a "
+            "'text' column; or set data.format)")
     if batch_id is None:
         batch_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
     check_batch_id(batch_id)
@@ -121,12 +129,32 @@ def _regular_files(source: Path) -> list[Path]:
             files.append(rel)
         else:
             refused.append((rel, mode))
-    if refused:
-        named = [f"{rel.as_posix()} ({_kind(mode)})" for rel, mode in sorted(refused)[:_SHOWN]]
-        more = f" and {len(refused) - _SHOWN} more" if len(refused) > _SHOWN else ""
-        raise LandingError(f"{source}: refused {', '.join(named)}{more}: a batch holds regular files in real folders "
-                           "(no symlinks, fifos, sockets or devices); nothing landed")
+    _refuse(source, [(rel, _kind(mode)) for rel, mode in refused],
+            "a batch holds regular files in real folders (no symlinks, fifos, sockets or devices)")
     return sorted(files, key=Path.as_posix)
+
+
+def unreadable(source: Path, rels: list[Path], fmt: str | None = None) -> list[tuple[Path, str]]:
+    """The files of ``rels`` (under ``source``) that the pipeline could not read as documents, each with
+    its first problem, as the preflight and the tokenizer would meet it."""
+    found = []
+    for rel in rels:
+        loc = storage.locate(str(source / rel))
+        try:
+            problem = next((r.problem for r in documents.records(loc, fmt) if r.problem), None)
+        except documents.DocumentError as exc:
+            problem = str(exc).removeprefix(f"{loc.uri()}: ")
+        if problem:
+            found.append((rel, problem))
+    return found
+
+
+def _refuse(source: Path, refused: list[tuple[Path, str]], rule: str) -> None:
+    """Refuse the batch naming each entry (at most ``_SHOWN``) and why, and the rule it breaks."""
+    if refused:
+        named = [f"{rel.as_posix()} ({why})" for rel, why in sorted(refused)[:_SHOWN]]
+        more = f" and {len(refused) - _SHOWN} more" if len(refused) > _SHOWN else ""
+        raise LandingError(f"{source}: refused {', '.join(named)}{more}: {rule}; nothing landed")
 
 
 def _kind(mode: int) -> str:

@@ -27,7 +27,8 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     landed finds it complete and announces it again instead of landing it twice."""
     ctx = get_current_context()
     roots = Roots.from_env()
-    zone = load_config(roots.config_file(default_config_path())).refresh.landing
+    cfg = load_config(roots.config_file(default_config_path()))
+    zone = cfg.refresh.landing
     if not zone:
         raise landing.LandingError("refresh.landing: not set in the deployment's config; nowhere to land")
     (outlet,) = [a for a in ctx["task"].outlets if getattr(a, "name", None) == landing.ASSET_NAME]
@@ -37,7 +38,7 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     roots.check_data({"source": source})
     batch_id = batch_id or ctx["run_id"].replace(":", "").replace("+", "")
     earlier = [b for b in landing.scan(zone)[0] if b.id == batch_id] if ctx["ti"].try_number > 1 else []
-    batch = earlier[0] if earlier else landing.land(source, zone, batch_id)
+    batch = earlier[0] if earlier else landing.land(source, zone, batch_id, fmt=cfg.data.format)
     log.info("batch %s %s in %s: %d file(s), manifest sha256 %s", batch.id, "was landed by an earlier try" if earlier
              else "landed", zone, batch.files, batch.manifest_sha256)
     ctx["outlet_events"][outlet].extra = event_extra(batch)
