@@ -147,6 +147,45 @@ def test_the_deployments_data_format_reads_files_whatever_their_extension(tmp_pa
     assert landing.land(src, tmp_path / "landing", batch_id="b1", fmt="jsonl").files == 3
 
 
+def test_a_batch_another_system_landed_is_judged_at_the_refreshs_door(home: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """A batch landed around ``taxiway land`` (here: its door check switched off, as another system's
+    lander has none) with a file the pipeline cannot read is invalid in the refresh's plan, named with
+    the file, and never taken as an attempt; the readable batch beside it is refreshed on."""
+    from conftest import TINY
+    from pipelines import registry
+    from pipelines.config import load_config
+    from pipelines.refresh import attempts
+    from pipelines.refresh import ledger as ledgers
+    from pipelines.stages.refresh import plan as decide
+
+    zone = tmp_path / "landing"
+    (good,) = _batches(zone, tmp_path, "good")
+    src = _source(tmp_path / "src-other")
+    (src / "train" / "notes.py").write_text("print('not a document')\n")
+    with monkeypatch.context() as m:
+        m.setattr(landing, "unreadable", lambda *args, **kwargs: [])
+        landing.land(src, zone, batch_id="other")
+    cfg = load_config(TINY, [f"refresh.landing={zone}"])
+    c, name = registry.client(), cfg.registry.model_name  # a champion trained on no batch yet
+    run = c.create_run(c.create_experiment("refresh")).info.run_id
+    (tmp_path / "ledger.json").write_text(ledgers.Ledger(base={"train": "/t", "val": "/v", "manifest": "/m.jsonl",
+                                                                "format": "txt"}).to_json())
+    c.log_artifact(run, str(tmp_path / "ledger.json"), "refresh")
+    c.create_registered_model(name)
+    c.set_registered_model_alias(name, cfg.registry.champion_alias,
+                                 c.create_model_version(name, f"runs:/{run}/model", run_id=run).version)
+
+    decision = decide(cfg, tmp_path / "run0", "run0")
+    written = json.loads((tmp_path / "run0" / "refresh" / "plan.json").read_text())
+    assert [b["id"] for b in written["new"]] == ["good"] and decision.config is not None
+    assert written["invalid"] == [{"folder": "other", "reason": "unreadable train/notes.py (cannot infer format from "
+                                                                  "extension '.py' (expected one of .txt, .jsonl, .parquet; "
+                                                                  "or set data.format))"}]
+    assert "other invalid: unreadable train/notes.py" in written["reason"]
+    assert "other" not in attempts.path().read_text() and "good" in attempts.path().read_text()
+
+
 def test_cli_land_prints_the_batch_and_refuses_bad_input(home: Path, tmp_path: Path):
     zone = tmp_path / "landing"
     out = taxiway("land", str(_source(tmp_path / "src")), "--landing", str(zone), "--batch-id", "b1", check=True)

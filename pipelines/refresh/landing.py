@@ -137,16 +137,30 @@ def _regular_files(source: Path) -> list[Path]:
 def unreadable(source: Path, rels: list[Path], fmt: str | None = None) -> list[tuple[Path, str]]:
     """The files of ``rels`` (under ``source``) that the pipeline could not read as documents, each with
     its first problem, as the preflight and the tokenizer would meet it."""
-    found = []
-    for rel in rels:
-        loc = storage.locate(str(source / rel))
-        try:
-            problem = next((r.problem for r in documents.records(loc, fmt) if r.problem), None)
-        except documents.DocumentError as exc:
-            problem = str(exc).removeprefix(f"{loc.uri()}: ")
-        if problem:
-            found.append((rel, problem))
-    return found
+    return [(rel, why) for rel in rels if (why := _problem(storage.locate(str(source / rel)), fmt))]
+
+
+def unreadable_batch(batch: Batch, fmt: str | None = None) -> str | None:
+    """Why a landed batch cannot be trained on (its unreadable files, each named), or None: the door's
+    check for a batch another system landed."""
+    root = storage.locate(batch.uri)
+    try:
+        entries = manifest.read(batch.manifest)
+    except manifest.ManifestError as exc:
+        return str(exc)
+    found = [(e.path, why) for e in entries if (why := _problem(root.join(e.path), fmt))]
+    if not found:
+        return None
+    named = [f"{path} ({why})" for path, why in found[:_SHOWN]]
+    more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+    return f"unreadable {', '.join(named)}{more}"
+
+
+def _problem(loc: storage.Location, fmt: str | None) -> str | None:
+    try:
+        return next((r.problem for r in documents.records(loc, fmt) if r.problem), None)
+    except documents.DocumentError as exc:
+        return str(exc).removeprefix(f"{loc.uri()}: ")
 
 
 def _refuse(source: Path, refused: list[tuple[Path, str]], rule: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,8 @@ class Decision:
 def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Triage, str | None, Ledger, list[tuple[str, str]]]:
     """The plan against the current champion's ledger (an empty one while there is no champion),
     the champion as ``models:/NAME/VERSION``, its ledger, and the landed batches that are invalid
-    (folder, reason): those are reported and left out, never a reason to stop every refresh."""
+    (folder, reason: a broken marker or manifest, or, for a new batch, a file the pipeline cannot
+    read): those are reported and left out, never a reason to stop every refresh."""
     if not cfg.refresh.landing:
         raise BadInput("refresh.landing: not set; a refresh needs the landing zone of new batches")
     reg = cfg.registry
@@ -126,7 +127,11 @@ def new_since_champion(cfg: RunConfig, run_dir: Path) -> tuple[Triage, str | Non
         dest = RunFolder(run_dir).refresh_plan.parent / "champion-ledger"
         ledger = registry.with_retries(reg, "read the champion's ledger", lambda: of_version(c, champion, dest))
     uri = f"models:/{champion.name}/{champion.version}" if champion is not None else None
-    return ledger.triage(batches), uri, ledger, invalid
+    triage = ledger.triage(batches)
+    # the door's check, for batches another system landed: one the pipeline cannot read is invalid, never an attempt
+    unread = {b.id: why for b in triage.new if (why := landing.unreadable_batch(b, cfg.data.format))}
+    readable = replace(triage, new=[b for b in triage.new if b.id not in unread])
+    return readable, uri, ledger, sorted(invalid + list(unread.items()))
 
 
 def base_data(cfg: RunConfig, ledger: Ledger, champion: str | None) -> dict:
