@@ -185,6 +185,17 @@ class LiveAirflow:
         wait_for("the api-server", self._healthy, timeout_s, every_s=1)
         return self.attach()
 
+    @contextlib.contextmanager
+    def serving(self, dag_id: str) -> Iterator[LiveAirflow]:
+        """Started, with ``dag_id`` parsed and unpaused; stopped on the way out, whatever happened."""
+        self.start()
+        try:
+            self.wait_dag(dag_id)
+            self.unpause(dag_id)
+            yield self
+        finally:
+            self.stop()
+
     def attach(self) -> LiveAirflow:
         """The REST client, for the process that started the deployment or another one (``state()``)."""
         self.api = _RetryingClient(self.log_path("api-server"), base_url=self.url, timeout=30,

@@ -41,14 +41,9 @@ def deployment(tmp_path_factory):
                            extra_env={"TAXIWAY_CONFIG": str(TINY), "MLFLOW_TRACKING_URI": tracking.uri},
                            celery=CeleryShape(pg_uri(metadata), redis_url()))
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
-        live.start()
         live.mlflow_uri, live.tracking, live.databases = tracking.uri, tracking, (metadata, tracking.db)
-        try:
-            live.wait_dag(DAG)
-            live.unpause(DAG)
+        with live.serving(DAG):
             yield live
-        finally:
-            live.stop()
 
 
 def _trigger(live: LiveAirflow, conf: dict) -> str:

@@ -94,14 +94,11 @@ def cluster(tmp_path_factory):
         config.parent.mkdir(parents=True)
         config.write_text(f"extends: {Path(__file__).parents[1] / 'configs' / 'tiny.yaml'}\n{_config(live.taxiway_home)}")
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
-        live.start()
         live.kube, live.config = kube, config
         try:
-            live.wait_dag(DAG)
-            live.unpause(DAG)
-            yield live
+            with live.serving(DAG):
+                yield live
         finally:
-            live.stop()
             kube.close()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from airflow.configuration import conf
@@ -32,6 +32,19 @@ MIN_EVENT_DELAY_S = 10.0
 
 def min_event_delay_s() -> float:
     return conf.getfloat("taxiway", "min_event_delay_s", fallback=MIN_EVENT_DELAY_S)
+
+
+async def log_progress(log: Any, report: Callable[[], str | None]) -> None:
+    """Run ``report`` (ship new metric lines to MLflow, return the progress line) off the event loop and
+    log its line; never fails the watch: with the tracking server away the lines stay unshipped and
+    go next time."""
+    try:
+        line = await asyncio.to_thread(report)
+    except Exception as exc:
+        log.warning("could not report progress yet: %s", exc)
+        return
+    if line:
+        log.info("%s", line)
 
 
 class GangTrigger(BaseTrigger):
@@ -75,14 +88,7 @@ class GangTrigger(BaseTrigger):
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
-        """Log one progress line and ship new metrics lines to MLflow; never fails the watch."""
-        try:
-            line = await asyncio.to_thread(lambda: train_stage.report(train_stage.load(self.watch["gang_json"]), self.run_id))
-        except Exception as exc:  # tracking server away: the lines stay unshipped and go next time
-            self.log.warning("could not report progress yet: %s", exc)
-            return
-        if line:
-            self.log.info("%s", line)
+        await log_progress(self.log, lambda: train_stage.report(train_stage.load(self.watch["gang_json"]), self.run_id))
 
     async def on_kill(self) -> None:
         """Airflow 3.3's triggerer calls this when a user acted on the deferred task (mark failed or

@@ -23,7 +23,7 @@ from airflow.triggers.base import TriggerEvent
 
 from pipelines.stages import train as train_stage
 from taxiway_airflow.hooks import kubernetes as cluster
-from taxiway_airflow.triggers.gang import min_event_delay_s
+from taxiway_airflow.triggers.gang import log_progress, min_event_delay_s
 
 
 class GangJobTrigger(KubernetesJobTrigger):
@@ -68,17 +68,9 @@ class GangJobTrigger(KubernetesJobTrigger):
             "job": job.to_dict(), "xcom_result": None})
 
     async def _report(self, watch: train_stage.StatusWatch | None) -> None:
-        """Log one progress line and ship new metrics lines to MLflow; never fails the watch."""
-        if watch is None:
-            return
-        try:
-            line = await asyncio.to_thread(train_stage.report_attempt, Path(watch.run_dir), self.run_key,
-                                           self.attempt, watch.started)
-        except Exception as exc:  # tracking server away: the lines stay unshipped and go next time
-            self.log.warning("could not report progress yet: %s", exc)
-            return
-        if line:
-            self.log.info("%s", line)
+        if watch is not None:
+            await log_progress(self.log, lambda: train_stage.report_attempt(Path(watch.run_dir), self.run_key,
+                                                                            self.attempt, watch.started))
 
     async def _delete(self) -> None:
         hook = cluster.connect(self.kubernetes_conn_id)
