@@ -149,11 +149,7 @@ def unreadable_batch(batch: Batch, fmt: str | None = None) -> str | None:
     except manifest.ManifestError as exc:
         return str(exc)
     found = [(e.path, why) for e in entries if (why := _problem(root.join(e.path), fmt))]
-    if not found:
-        return None
-    named = [f"{path} ({why})" for path, why in found[:_SHOWN]]
-    more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
-    return f"unreadable {', '.join(named)}{more}"
+    return f"unreadable {_named(found)}" if found else None
 
 
 def _problem(loc: storage.Location, fmt: str | None) -> str | None:
@@ -166,9 +162,14 @@ def _problem(loc: storage.Location, fmt: str | None) -> str | None:
 def _refuse(source: Path, refused: list[tuple[Path, str]], rule: str) -> None:
     """Refuse the batch naming each entry (at most ``_SHOWN``) and why, and the rule it breaks."""
     if refused:
-        named = [f"{rel.as_posix()} ({why})" for rel, why in sorted(refused)[:_SHOWN]]
-        more = f" and {len(refused) - _SHOWN} more" if len(refused) > _SHOWN else ""
-        raise LandingError(f"{source}: refused {', '.join(named)}{more}: {rule}; nothing landed")
+        raise LandingError(f"{source}: refused {_named([(rel.as_posix(), why) for rel, why in refused])}: {rule}; "
+                           "nothing landed")
+
+
+def _named(found: list[tuple[str, str]]) -> str:
+    """``path (why), …`` for at most ``_SHOWN`` entries, in path order, and how many more there are."""
+    shown = ", ".join(f"{path} ({why})" for path, why in sorted(found)[:_SHOWN])
+    return shown + (f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else "")
 
 
 def _kind(mode: int) -> str:

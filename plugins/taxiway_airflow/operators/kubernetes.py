@@ -140,7 +140,8 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
                        "run_key": run_key_of(self.run, self.dag_id, context["run_id"]),
                        "attempt": int(self.job.metadata.labels.get(train_stage.TRY_LABEL, "1")),
                        "report_every_s": cfg.compute.report_every_s,
-                       "poll_interval": min(self.job_poll_interval, cfg.compute.stall_timeout_s / 4)}
+                       # four looks per stall window, but never more than one API read a second
+                       "poll_interval": max(1.0, min(self.job_poll_interval, cfg.compute.stall_timeout_s / 4))}
         if self.deferrable:
             self.execute_deferrable()  # raises TaskDeferred; execute_complete resumes
         job = self.hook.wait_until_job_complete(job_name=self.job.metadata.name, namespace=self.job.metadata.namespace,
