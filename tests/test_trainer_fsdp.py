@@ -20,6 +20,7 @@ from trainer_corpus import (
 )
 
 from pipelines.launch import local
+from trainer import checkpoint
 from trainer.model import GPT
 from trainer.spec import TrainSpec
 
@@ -44,6 +45,8 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
                submit_gang(with_overrides(fsdp, train={"precision": "bf16", "steps": 4}), packed, bf16)]
     handle = submit_gang(fsdp, packed, killed, TAXIWAY_TEST_HOLD="step:6")
     wait_for((killed / "train" / "held-step-6").exists, 120, "rank 0 to hold at step 6")
+    # the step-4 checkpoint is written in the background: holding at step 6 does not mean it is committed
+    wait_for(lambda: checkpoint.latest_valid(killed / "checkpoints"), 120, "the step-4 checkpoint to be committed")
     kill9(local.processes(handle.gang_id))
     wait_for(lambda: local.poll(handle).state != local.RUNNING, 30, "the killed gang to be gone")
     local.cleanup(handle, grace_s=5)
