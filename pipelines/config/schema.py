@@ -218,6 +218,13 @@ class RegistryConfig(Section):
         300.0, gt=0.0, le=3600.0, description="Longest wait for the champion lock; then registration fails (and may be retried)")
     max_reevaluations: Annotated[int, Field(ge=0, le=10)] = Field(
         3, description="Re-evaluations against a champion that moved while this run was being evaluated")
+    approval: Literal["auto", "required"] = Field(
+        "auto", description="auto: a passed gate moves the champion alias; required: a person approves it first "
+                            "(an Airflow human-in-the-loop task, UI or REST); reject or timeout leaves it challenger")
+    approval_timeout_s: float = Field(
+        7 * 86400.0, gt=0.0, le=90 * 86400.0, description="Longest an approval waits; then the version is challenger")
+    approval_reminder_s: float = Field(
+        86400.0, gt=0.0, le=90 * 86400.0, description="An approval waiting this long raises an alert (alerts.*)")
     log_checkpoint: bool = Field(
         True, description="Log the final full checkpoint (optimizer state too) with the model, so a refresh can "
                           "continue it after the run folder is gone; costs about 3x the weights in artifact storage")
@@ -256,6 +263,12 @@ class RefreshConfig(Section):
     max_regression_bpb: float = Field(
         0.02, ge=0.0, le=100.0, description="Largest loss of bits/byte on the fixed validation set a passing refresh may show")
     max_attempts: Bounded(100) = Field(3, description="Failed refreshes a batch may take part in before it is quarantined")
+    schedule: Literal["rewarm", "wsd"] = Field(
+        "rewarm", description="rewarm: each refresh re-warms the LR from the champion's final LR and decays it again; "
+                              "wsd: warmup-stable-decay continued across refreshes (docs/refresh.md)")
+    max_age_s: float | None = Field(
+        None, gt=0.0, le=365 * 86400.0,
+        description="A champion older than this while landed batches wait raises an alert (alerts.*); unset: never")
 
 
 class RunConfig(Section):

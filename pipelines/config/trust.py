@@ -30,6 +30,9 @@ OWNED: dict[str, str] = {
     "registry.challenger_alias": "the alias that only a passed gate moves",
     "registry.lock_timeout_s": "how long a run may hold back the champion's compare-and-set",
     "registry.max_reevaluations": "how often a run may be judged again against a moved champion",
+    "registry.approval": "whether a person approves a promotion",
+    "registry.approval_timeout_s": "whether a person approves a promotion",
+    "registry.approval_reminder_s": "whether a person approves a promotion",
     "refresh": "the refresh's landing zone, schedule and policy",
     "limits": "the deployment's ceilings and what its triggers may set",
 }
