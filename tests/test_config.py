@@ -89,7 +89,7 @@ def test_schema_sections_are_self_contained():
     schema = RunConfig.model_json_schema()
     assert set(schema["properties"]) == {
         "name", "data", "preflight", "tokenizer", "pack", "model", "train", "checkpoint",
-        "compute", "eval", "registry", "refresh", "limits", "parent"}
+        "compute", "eval", "registry", "refresh", "limits", "alerts", "parent"}
     sections = section_schemas()
     assert "$ref" not in str(sections)
     assert sections["train"]["properties"]["lr"]["exclusiveMinimum"] == 0.0

@@ -13,6 +13,7 @@ from croniter import croniter
 from pydantic import Field, field_validator, model_validator
 
 from pipelines.config import limits
+from pipelines.config.alerts import AlertsConfig
 from pipelines.config.base import Bounded, Fraction, PathText, Section
 from pipelines.config.kubernetes import KubernetesConfig
 from pipelines.config.limits import LimitsConfig
@@ -286,6 +287,7 @@ class RunConfig(Section):
     registry: RegistryConfig = RegistryConfig()
     refresh: RefreshConfig = RefreshConfig()
     limits: LimitsConfig = LimitsConfig()
+    alerts: AlertsConfig = AlertsConfig()
     parent: str | None = Field(None, max_length=512, description="models:/ URI to continue training from")
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ OWNED: dict[str, str] = {
     "registry.approval_reminder_s": "whether a person approves a promotion",
     "refresh": "the refresh's landing zone, schedule and policy",
     "limits": "the deployment's ceilings and what its triggers may set",
+    "alerts": "who is told about the deployment's failures, and through which connections",
 }
 
 
