@@ -10,7 +10,9 @@ batch that failed before is then tried alone, so only the batch that fails by it
 writer at a time under a file lock, written atomically), keyed by batch id, manifest sha256 and
 the champion it was tried against (a new champion starts every count afresh). Batches found to hold
 nothing new for a champion (every document repeats trained data) are kept beside it, in
-``repeats.json``, so later plans drop them like re-sends.
+``repeats.json``, so later plans drop them like re-sends. A person may release a quarantined batch
+(``release``): its count against the champion is cleared, so the next refresh tries it again, and
+who released it, when and the attempts cleared are kept in the same file under ``RELEASED``.
 """
 
 from __future__ import annotations
@@ -20,15 +22,29 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from pipelines.errors import BadInput
 from pipelines.refresh.landing import Batch
 from pipelines.run_folder import taxiway_home
 from trainer import fsio
 
+RELEASED = "released"  # attempts.json's key of the release records (a batch's key holds two spaces)
+MAX_WHO = 200  # characters of a releaser's name kept
+
+
+class NotQuarantined(BadInput):
+    """A release asked for a batch that is not quarantined; the message says what it is."""
+
 
 def path() -> Path:
     return taxiway_home() / "refresh" / "attempts.json"
+
+
+def _key(batch: Batch, champion: str) -> str:
+    return f"{batch.id} {batch.manifest_sha256} {champion}"
 
 
 @dataclass(frozen=True)
@@ -55,14 +71,14 @@ def _locked(target: Path) -> Iterator[dict]:
 def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int) -> Taken:
     """Decide which of the new ``batches`` this run (``run_key``) tries, and record the attempt."""
     with _locked(path()) as state:
-        failed = {b.id: [r for r in state.get(f"{b.id} {b.manifest_sha256} {champion}", []) if r != run_key]
+        failed = {b.id: [r for r in state.get(_key(b, champion), []) if r != run_key]
                   for b in batches}
         quarantined = [(b, failed[b.id]) for b in batches if len(failed[b.id]) >= max_attempts]
         left = [b for b in batches if len(failed[b.id]) < max_attempts]
         never = [b for b in left if not failed[b.id]]
         kept = never or left[:1]
         for batch in kept:
-            runs = state.setdefault(f"{batch.id} {batch.manifest_sha256} {champion}", [])
+            runs = state.setdefault(_key(batch, champion), [])
             if run_key not in runs:
                 runs.append(run_key)
     return Taken(kept, [b for b in left if b not in kept], quarantined)
@@ -76,11 +92,42 @@ def record_repeat(batch: Batch, champion: str, reason: str) -> None:
     """A batch whose every train document repeats data ``champion`` was trained on: nothing to train,
     so later plans against the same champion drop it like a whole re-send."""
     with _locked(_repeats_path()) as state:
-        state[f"{batch.id} {batch.manifest_sha256} {champion}"] = reason
+        state[_key(batch, champion)] = reason
 
 
 def repeats(batches: list[Batch], champion: str) -> dict[str, str]:
     """Batch id → why, for the ``batches`` already found to hold nothing new for ``champion``."""
-    target = _repeats_path()
-    state = json.loads(target.read_text()) if target.exists() else {}
-    return {b.id: state[k] for b in batches if (k := f"{b.id} {b.manifest_sha256} {champion}") in state}
+    state = _read(_repeats_path())
+    return {b.id: state[k] for b in batches if (k := _key(b, champion)) in state}
+
+
+def _read(target: Path) -> dict[str, Any]:
+    return json.loads(target.read_text()) if target.exists() else {}
+
+
+def tried(batches: list[Batch], champion: str) -> dict[str, list[str]]:
+    """Batch id → the refresh runs recorded as having tried it against ``champion`` (oldest first)."""
+    state = _read(path())
+    return {b.id: list(state.get(_key(b, champion), [])) for b in batches}
+
+
+def released(batches: list[Batch]) -> dict[str, list[dict[str, Any]]]:
+    """Batch id → its release records (``by``, ``at``, ``champion``, ``attempts`` cleared), oldest first."""
+    records = _read(path()).get(RELEASED, {})
+    return {b.id: found for b in batches if (found := records.get(f"{b.id} {b.manifest_sha256}"))}
+
+
+def release(batch: Batch, champion: str, who: str, max_attempts: int) -> dict[str, Any]:
+    """Clear ``batch``'s failed attempts against ``champion`` so the next refresh tries it again, and
+    record who did it and when; ``NotQuarantined`` when it has fewer than ``max_attempts`` (checked
+    under the lock, so two releases of one batch record one)."""
+    with _locked(path()) as state:
+        runs = state.get(_key(batch, champion), [])
+        if len(runs) < max_attempts:
+            raise NotQuarantined(f"batch {batch.id} is not quarantined: it took part in {len(runs)} failed "
+                                 f"refresh(es) of {champion}, refresh.max_attempts is {max_attempts}")
+        record = {"by": who[:MAX_WHO], "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+                  "champion": champion, "attempts": runs}
+        del state[_key(batch, champion)]
+        state.setdefault(RELEASED, {}).setdefault(f"{batch.id} {batch.manifest_sha256}", []).append(record)
+    return record
