@@ -144,7 +144,7 @@ def _fsync_dir(path: Path) -> None:
 
 def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: dict, keep_last_n: int,
            progress: Callable[[int], None] = lambda n: None,
-           after_model: Callable[[], None] = lambda: None) -> Path:
+           after_model: Callable[[], None] = lambda: None, pinned: frozenset[int] = frozenset()) -> Path:
     """Rank 0, after every rank wrote its RNG file: shared state, checksums last, atomic rename.
 
     Runs in the background writer thread; ``progress`` is told every chunk written.
@@ -172,12 +172,14 @@ def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: di
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
-    _prune(root, keep_last_n)
+    _prune(root, keep_last_n, pinned)
     return final
 
 
-def _prune(root: Path, keep_last_n: int) -> None:
-    for old in sorted(_complete(root))[:-keep_last_n]:
+def _prune(root: Path, keep_last_n: int, pinned: frozenset[int] = frozenset()) -> None:
+    """Keep the newest ``keep_last_n`` and the ``pinned`` steps (not counted among them)."""
+    prunable = [p for p in sorted(_complete(root)) if int(_NAME.match(p.name)[1]) not in pinned]
+    for old in prunable[:-keep_last_n]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -184,11 +184,15 @@ class _Run:
             parallel.load_optimizer(self.model, self.optim, state["optim"], self.kind)
             if state["rng"] is not None:
                 checkpoint.set_rng_state(state["rng"])
-        self.schedule = Schedule.from_config(t, origin, start_lr)
+        self.schedule = Schedule.from_config(t, origin, start_lr, spec.schedule)
+        stable = self.schedule.stable_step
+        # wsd: the pre-decay state is what the next refresh continues; pruning never takes it
+        self.saver.pinned = frozenset({stable}) if stable is not None and stable > origin else frozenset()
 
     def _load_parent(self) -> tuple[int, float | None, dict | None]:
         """Weights from the parent (and its optimizer state when its full checkpoint was kept);
-        global step, tokens seen and the LR continue from its metadata."""
+        global step, tokens seen and the LR continue from the state loaded: the full checkpoint's
+        metadata (with a wsd schedule, the parent's stable state), else the exported weights'."""
         parent, info = weights.load(self.spec.parent.weights)
         full = self.spec.parent.checkpoint
         optim = None
@@ -197,6 +201,10 @@ class _Run:
                 state = checkpoint.load(full, self.ctx.rank)
                 self.model.load_state_dict(state["model"])
                 optim = state["optim"]
+                meta = state["meta"]
+                gs = int(meta["global_step"])
+                info = {"global_step": gs, "tokens_seen": meta["tokens_seen"],
+                        "final_lr": Schedule.from_dict(meta["lr_schedule"]).lr(gs - 1)}
             else:
                 self.model.load_state_dict(parent.state_dict())
         except RuntimeError as exc:
@@ -323,7 +331,7 @@ class _Run:
             else:
                 status.update(step=self.step, tokens_seen=self.tokens_seen, skipped_steps=guard.skipped)
 
-            if self.step % spec.checkpoint.every_steps == 0 or final or stop:
+            if self.step % spec.checkpoint.every_steps == 0 or final or stop or self.step == self.schedule.stable_step:
                 if stop:
                     status.update(state=State.CANCELING, force=True)
                 self._save(guard.skipped, wait=final or stop)
@@ -389,11 +397,17 @@ class _Run:
         if self.ctx.rank == 0:
             extra = {"global_step": self.step, "tokens_seen": self.tokens_seen, "config_sha256": self.spec.config_sha256,
                      "parent": self.parent_uri, "lr_schedule": self.schedule.to_dict(),
-                     "final_lr": self.schedule.lr(self.step - 1)}
+                     "final_lr": self.schedule.lr(self.step - 1), "stable_step": self._stable_kept()}
             path = weights.export(state, self.spec.model, self.spec.export_dir, extra)
             self.events.emit("exported", path=str(path), global_step=self.step)
         if self.ctx.world > 1:
             dist.barrier()
+
+
+    def _stable_kept(self) -> int | None:
+        """wsd: the step of this run's pre-decay checkpoint, which a child continues (None: none was taken)."""
+        stable = self.schedule.stable_step
+        return stable if stable in self.saver.pinned else None
 
 
 def _finite_or_none(value: float, digits: int | None = None) -> float | None:

@@ -134,6 +134,7 @@ class Saver:
         self._committed: list[Committed] = []
         self._allocating: Future | None = None
         self.reserved = False
+        self.pinned: frozenset[int] = frozenset()  # steps whose checkpoints pruning keeps (wsd's stable state)
 
     def reserve(self, state: Any) -> None:
         """Allocate the snapshot buffers in the background (once, when the optimizer state exists)."""
@@ -159,7 +160,7 @@ class Saver:
     def _write(self, step: int, model_state: dict, optim_state: dict, meta: dict) -> Committed:
         started = time.perf_counter()
         path = checkpoint.commit(self.root, step, model_state, optim_state, meta, self.keep_last_n,
-                                 progress=self._count, after_model=lambda: self.after_model(step))
+                                 progress=self._count, after_model=lambda: self.after_model(step), pinned=self.pinned)
         return Committed(step, path, time.perf_counter() - started)
 
     def _count(self, n: int) -> None:

@@ -59,10 +59,20 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class ScheduleSettings:
+    """How the LR schedule is shaped (``trainer.schedule``): ``rewarm`` or ``wsd`` with its decay length.
+    Not in the ``train`` section: the deployment's ``refresh.schedule`` chooses it for runs that continue a parent."""
+
+    kind: Literal["rewarm", "wsd"] = "rewarm"
+    decay_steps: int = 0
+
+
+@dataclass(frozen=True)
 class Parent:
     uri: str
     weights: Path  # folder with model.safetensors + model.json
-    checkpoint: Path | None = None  # its full checkpoint (optimizer state too) at the exported step, if kept
+    checkpoint: Path | None = None  # its full checkpoint (optimizer state too) to continue, if kept: the
+    #                                 exported step's, or with a wsd schedule its stable (pre-decay) step's
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class TrainSpec:
     world_size: int | None = None         # processes the config asks for; a different count fails at startup
     cancel_grace_s: float = 25.0          # after SIGTERM, exit within this long even without a checkpoint
     status_every_s: float = 5.0           # status.json rewritten at least this often: well inside the stall window
+    schedule: ScheduleSettings = ScheduleSettings()
 
     @classmethod
     def load(cls, path: str | Path) -> TrainSpec:
@@ -91,7 +102,9 @@ class TrainSpec:
                    threads=raw.get("threads", 1),
                    parent=_parent(parent) if parent else None,
                    world_size=raw.get("world_size"), cancel_grace_s=raw.get("cancel_grace_s", 25.0),
-                   status_every_s=raw.get("status_every_s", 5.0))
+                   status_every_s=raw.get("status_every_s", 5.0),
+                   schedule=_typed(ScheduleSettings, raw.get("schedule", {"kind": "rewarm", "decay_steps": 0}),
+                                   "schedule"))
 
     @property
     def checkpoints(self) -> Path:

@@ -270,6 +270,19 @@ class RefreshConfig(Section):
     max_age_s: float | None = Field(
         None, gt=0.0, le=365 * 86400.0,
         description="A champion older than this while landed batches wait raises an alert (alerts.*); unset: never")
+    decay_steps: Bounded(10_000_000) = Field(
+        40, description="wsd: the last steps of each refresh, which decay the LR from train.lr to train.min_lr "
+                        "(the released model); the state before them is what the next refresh continues")
+    forgetting_batches: Annotated[int, Field(ge=0, le=64)] = Field(
+        4, description="Earlier batches (newest first) whose held-out slices each refresh scores parent vs "
+                       "candidate, to show forgetting; older ones are listed as left out")
+
+    @model_validator(mode="after")
+    def _decay_fits(self) -> RefreshConfig:
+        if self.schedule == "wsd" and self.warmup_steps + self.decay_steps > self.steps:
+            raise ValueError(f"refresh.warmup_steps ({self.warmup_steps}) + refresh.decay_steps ({self.decay_steps}) "
+                             f"exceed refresh.steps ({self.steps}): a wsd refresh needs room to warm up and decay")
+        return self
 
 
 class RunConfig(Section):

@@ -50,8 +50,17 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         # progress shows in status.json only as often as it is rewritten: four rewrites per stall window,
         # so a slow step or a late read is never taken for a stall
         "status_every_s": min(5.0, cfg.compute.stall_timeout_s / 4),
+        "schedule": lr_schedule(cfg),
     }
     return fsio.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
+
+
+def lr_schedule(cfg: RunConfig) -> dict[str, object]:
+    """The LR schedule's kind (``trainer.spec.ScheduleSettings``): ``refresh.schedule`` shapes every run
+    that continues a parent (a refresh above all); a run from scratch keeps ``train``'s warmup and decay."""
+    if cfg.parent and cfg.refresh.schedule == "wsd":
+        return {"kind": "wsd", "decay_steps": cfg.refresh.decay_steps}
+    return {"kind": "rewarm", "decay_steps": 0}
 
 
 def launch_spec(cfg: RunConfig, run_dir: Path, trainer_spec: Path) -> LaunchSpec:

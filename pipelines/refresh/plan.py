@@ -148,7 +148,9 @@ def base_data(cfg: RunConfig, ledger: Ledger, champion: str | None) -> dict:
 def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
     """The deployment's config, continued from ``champion`` for ``refresh.steps`` with a short
     re-warmup, on the dataset ``assemble`` builds in the run folder, judged against that parent
-    version itself (not whatever holds the alias when it is evaluated)."""
+    version itself (not whatever holds the alias when it is evaluated). ``refresh.schedule`` shapes
+    the LR from there (``launch.spec.lr_schedule``): rewarm decays over the whole refresh; wsd stays at
+    train.lr and decays only the last ``refresh.decay_steps``, continuing the parent's stable state."""
     data, r = layout(cfg, run_dir), cfg.refresh
     return cfg.model_copy(update={
         "parent": champion,

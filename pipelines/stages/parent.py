@@ -35,28 +35,42 @@ def weights(cfg: RunConfig, dest: Path) -> Path | None:
 
 
 def checkpoint(cfg: RunConfig, weights_dir: Path) -> Path | None:
-    """The parent's full checkpoint (optimizer state too) at the step its weights were exported from:
-    from the run folder it was trained in (its version's ``taxiway.run_dir``) while that still holds
-    it, else the copy logged with the version (``registry.log_checkpoint``); else None, and training
-    continues from the weights alone. Either way it is logged."""
+    """The parent's full checkpoint (optimizer state too) to continue. With ``refresh.schedule: wsd``
+    first its stable (pre-decay) state, which the parent's own run folder keeps (``stable_step`` in its
+    model.json): the main trajectory goes on at the stable LR, and the decayed weights stay the released
+    model. Else (or when that is gone) the step its weights were exported from: from the run folder it
+    was trained in (its version's ``taxiway.run_dir``) while that still holds it, else the copy logged
+    with the version (``registry.log_checkpoint``); else None, and training continues from the weights
+    alone. Either way it is logged."""
     from trainer import checkpoint as ckpt  # torch (~1 s): DAG files import this module's importers
 
     mv = registry.resolve_version(cfg.parent, cfg.registry)
     tags = mv.tags or {}
     origin = tags.get("taxiway.run_dir")
-    exported = json.loads((weights_dir / "model.json").read_text()).get("global_step")
+    info = json.loads((weights_dir / "model.json").read_text())
+    exported, stable = info.get("global_step"), info.get("stable_step")
 
-    def made_this_version(path: Path | None) -> bool:
+    def made_this_version(path: Path | None, step: int | None) -> bool:
         meta = json.loads((path / "meta.json").read_text()) if path is not None else {}
-        return (meta.get("global_step") == exported and meta.get("format") == ckpt.FORMAT
+        return (meta.get("global_step") == step and meta.get("format") == ckpt.FORMAT
                 and meta.get("config_sha256") == tags.get("taxiway.config_sha256"))
 
-    sources = (("its run folder", lambda: ckpt.at_step(RunFolder(Path(origin)).checkpoints, exported)
-                if origin and isinstance(exported, int) else None),
+    def in_run_folder(step: object) -> Path | None:
+        return ckpt.at_step(RunFolder(Path(origin)).checkpoints, step) if origin and isinstance(step, int) else None
+
+    if cfg.refresh.schedule == "wsd":
+        if made_this_version(path := in_run_folder(stable), stable):
+            log.info("continuing %s from its stable (pre-decay) state at step %s (refresh.schedule: wsd): %s",
+                     cfg.parent, stable, path)
+            return path
+        log.warning("refresh.schedule is wsd but %s has no stable (pre-decay) checkpoint in its run folder (%s; "
+                    "stable step %s): continuing its released weights, re-warmed to train.lr", cfg.parent,
+                    origin or "none recorded", stable if stable is not None else "none: not trained with wsd")
+    sources = (("its run folder", lambda: in_run_folder(exported)),
                ("the checkpoint logged with it", lambda: registry.download_checkpoint(
                    mv, weights_dir.with_name(f"{weights_dir.name}-checkpoint"), cfg.registry)))
     for where, find in sources:
-        if made_this_version(path := find()):
+        if made_this_version(path := find(), exported):
             log.info("continuing %s from its full checkpoint (weights and optimizer state), from %s: %s",
                      cfg.parent, where, path)
             return path
