@@ -23,7 +23,7 @@ def _source(root: Path, texts: dict[str, str]) -> Path:
     return root
 
 
-def _land(home: Path, root: Path, batch_id: str, texts: dict[str, str]):
+def land_texts(home: Path, root: Path, batch_id: str, texts: dict[str, str]):
     from pipelines.refresh import landing
 
     return landing.land(_source(root, texts), home / "landing", batch_id=batch_id)
@@ -45,7 +45,7 @@ def _land_by_hand(home: Path, batch_id: str, files: dict[str, bytes]) -> None:
         "bytes": sum(map(len, files.values())), "landed_at": "2026-12-05T01:00:00.000Z"}))
 
 
-def _champion(tmp_path: Path, trained: list) -> str:
+def champion_with_ledger(tmp_path: Path, trained: list) -> str:
     """Version 1 of the model, champion, with the ledger a refresh that trained ``trained`` logs."""
     from pipelines.refresh.ledger import ARTIFACT, Ledger
     from pipelines.registry import client
@@ -80,18 +80,18 @@ def test_each_landed_batch_has_its_state_against_the_champion(home: Path, tmp_pa
     from pipelines.run_folder import RunFolder, run_dir
     from trainer import fsio
 
-    trained = _land(home, tmp_path / "t", "trained", {"a.txt": "first document\n", "b.txt": "second one\n"})
-    champion = _champion(tmp_path, [trained])
-    _land(home, tmp_path / "t-again", "again", {"a.txt": "first document\n", "b.txt": "second one\n"})
-    _land(home, tmp_path / "n", "waiting", {"c.txt": "a new document\n"})
-    _land(home, tmp_path / "m", "edited", {"d.txt": "will be edited\n"})
+    trained = land_texts(home, tmp_path / "t", "trained", {"a.txt": "first document\n", "b.txt": "second one\n"})
+    champion = champion_with_ledger(tmp_path, [trained])
+    land_texts(home, tmp_path / "t-again", "again", {"a.txt": "first document\n", "b.txt": "second one\n"})
+    land_texts(home, tmp_path / "n", "waiting", {"c.txt": "a new document\n"})
+    land_texts(home, tmp_path / "m", "edited", {"d.txt": "will be edited\n"})
     (home / "landing" / "edited" / "manifest.jsonl").write_text("")  # the manifest changed after landing
-    _land(home, tmp_path / "f", "grown", {"e.txt": "will grow\n"})
+    land_texts(home, tmp_path / "f", "grown", {"e.txt": "will grow\n"})
     (home / "landing" / "grown" / "train" / "e.txt").write_text("will grow, and did\n")
     _land_by_hand(home, "unreadable", {"train/x.txt": b"caf\xe9\n", "train/y.py": b"print(1)\n"})
     (home / "landing" / "broken").mkdir()
     (home / "landing" / "broken" / "_COMPLETE").write_text("not json")
-    bad = _land(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})
+    bad = land_texts(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})
     for run in ("r1", "r2", "r3"):  # three refreshes tried it and failed (refresh.max_attempts is 3)
         attempts.take([bad], run, champion, cfg.refresh.max_attempts)
     fsio.write_json(RunFolder(run_dir(batches.REFRESH_DAG, "r3")).failure_summary,
@@ -126,8 +126,8 @@ def test_a_re_sent_batch_of_trained_documents_is_re_sent(home: Path, tmp_path: P
     ``repeats.json``) is a re-send for the page too."""
     from pipelines.refresh import attempts
 
-    champion = _champion(tmp_path, [])
-    renamed = _land(home, tmp_path / "r", "renamed", {"z.txt": "seen before\n"})
+    champion = champion_with_ledger(tmp_path, [])
+    renamed = land_texts(home, tmp_path / "r", "renamed", {"z.txt": "seen before\n"})
     assert _rows(cfg)["renamed"].state == "new"
     attempts.record_repeat(renamed, champion, "every train document repeats trained data")
     row = _rows(cfg)["renamed"]
@@ -137,7 +137,7 @@ def test_a_re_sent_batch_of_trained_documents_is_re_sent(home: Path, tmp_path: P
 def test_without_a_champion_every_readable_batch_waits_for_one(home: Path, tmp_path: Path, cfg):
     from pipelines.refresh import batches
 
-    _land(home, tmp_path / "n", "first", {"a.txt": "a document\n"})
+    land_texts(home, tmp_path / "n", "first", {"a.txt": "a document\n"})
     listing = batches.listing(cfg)
     assert listing.champion is None
     (row,) = listing.batches
@@ -149,9 +149,9 @@ def test_without_a_champion_every_readable_batch_waits_for_one(home: Path, tmp_p
 def test_a_released_batch_is_recorded_and_tried_again_by_the_next_refresh(home: Path, tmp_path: Path, cfg):
     from pipelines.refresh import attempts, batches
 
-    champion = _champion(tmp_path, [])
-    bad = _land(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})
-    _land(home, tmp_path / "n", "fine", {"g.txt": "fine document\n"})
+    champion = champion_with_ledger(tmp_path, [])
+    bad = land_texts(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})
+    land_texts(home, tmp_path / "n", "fine", {"g.txt": "fine document\n"})
     for run in ("r1", "r2", "r3"):
         attempts.take([bad], run, champion, 3)
     assert attempts.take([bad], "r4", champion, 3).quarantined == [(bad, ["r1", "r2", "r3"])]

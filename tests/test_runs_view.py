@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -171,3 +172,138 @@ def test_a_run_page_names_paths_under_taxiway_home_by_the_variable_not_the_machi
     assert str(taxiway_home()) not in page
     assert f"run folder $TAXIWAY_HOME/{folder.relative_to(taxiway_home())}" in page
     assert f"path=$TAXIWAY_HOME/{(folder / 'model').relative_to(taxiway_home())}" in page
+
+
+@pytest.fixture(scope="module")
+def api(airflow_db):
+    """Airflow's api-server app with the plugins folder's apps mounted, and tokens of an admin and of a
+    viewer (who may read DAG runs, not edit them)."""
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app())  # initialises the auth manager
+    return client, {role: get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=role, role=role))
+                    for role in ("admin", "viewer")}
+
+
+def _as(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_the_batches_page_lists_the_landing_zone_and_only_an_editor_releases(api, home: Path, tmp_path: Path):
+    from test_batches import champion_with_ledger, land_texts
+
+    from pipelines.refresh import attempts
+    from taxiway_airflow.runs_view import app
+
+    client, tokens = api
+    app._cache.drop(("batches",))  # another test's landing zone, read within the cache's few seconds
+    champion = champion_with_ledger(tmp_path, [])
+    bad = land_texts(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})
+    land_texts(home, tmp_path / "n", "fine", {"g.txt": "fine document\n"})
+    for run in ("r1", "r2", "r3"):
+        attempts.take([bad], run, champion, 3)
+
+    for method, path in (("GET", "/taxiway/batches"), ("GET", "/taxiway/api/batches"),
+                         ("POST", "/taxiway/api/batches/bad/release"), ("POST", "/taxiway/batches/bad/release")):
+        assert client.request(method, path).status_code == 401, path
+        assert client.request(method, path, headers=_as("forged")).status_code == 403, path
+    viewer, admin = _as(tokens["viewer"]), _as(tokens["admin"])
+    assert client.post("/taxiway/api/batches/bad/release", headers=viewer).status_code == 403
+    assert client.post("/taxiway/batches/bad/release", headers=viewer).status_code == 403
+
+    listing = client.get("/taxiway/api/batches", headers=viewer).json()
+    assert listing["champion"] == champion and listing["total"] == 2
+    assert {b["id"]: b["state"] for b in listing["batches"]} == {"bad": "quarantined", "fine": "new"}
+    page = client.get("/taxiway/batches", headers=viewer).text
+    row = page[page.index("data-batch-id='bad'"):].split("</tr>", 1)[0]
+    assert "quarantined" in row and "r1, r2, r3" in row and "/taxiway/batches/bad/release" in row, row
+    assert "action='/taxiway/batches/fine/release'" not in page
+
+    refused = client.post("/taxiway/api/batches/fine/release", headers=admin)
+    assert refused.status_code == 409 and "batch fine is new, not quarantined" in refused.json()["detail"]
+    assert client.post("/taxiway/api/batches/nothing/release", headers=admin).status_code == 404
+    probe = client.post("/taxiway/api/batches/..%2F..%2Fetc/release", headers=admin)
+    assert probe.status_code == 404 and "etc" not in probe.text  # never a path, never echoed
+
+    done = client.post("/taxiway/batches/bad/release", headers=admin)  # the page's form
+    assert done.status_code == 200 and "Released batch bad: 3 failed attempt(s)" in done.text
+    assert "released by admin at" in done.text
+    (record,) = {b["id"]: b for b in client.get("/taxiway/api/batches", headers=viewer).json()["batches"]}[
+        "bad"]["releases"]
+    assert record["by"] == "admin" and record["attempts"] == ["r1", "r2", "r3"]
+    again = client.post("/taxiway/api/batches/bad/release", headers=admin)
+    assert again.status_code == 409 and "batch bad is new" in again.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def synced_dags(airflow_db):
+    """The DAG folder's DAGs in the metadata database, as the DAG processor leaves them (the runs list
+    shows the DAGs a user may read, and those are the database's)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    for bundle in manager.get_all_dag_bundles():
+        bundle.initialize()
+        sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name),
+                       bundle.name, bundle.version)
+
+
+def test_an_approval_waiting_for_a_person_is_listed_with_its_run_version_and_airflows_page(api, synced_dags,
+                                                                                            home: Path):
+    """A ``register.approval`` task waiting for its response (a ``hitl_detail`` row, as the
+    human-in-the-loop operator leaves it) is on the runs page and in ``/api/approvals``; once answered,
+    it is not."""
+    from datetime import UTC, datetime, timedelta
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.hitl import HITLDetail
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+    from airflow.utils.types import DagRunType
+
+    from pipelines.run_folder import run_dir
+    from taxiway_airflow.runs_view import app
+    from trainer import fsio
+
+    client, tokens = api
+    run_id = f"manual__approval-{home.parent.name}"
+    with DAG("taxiway_refresh", schedule=None):
+        task = EmptyOperator(task_id="register.approval")
+    fsio.write_json(run_dir("taxiway_refresh", run_id) / "registry.json",
+                    {"model_name": "taxiway-tiny-gpt", "version": "4", "alias": "challenger"})
+    asked = datetime.now(UTC) - timedelta(hours=2, minutes=5)
+    with create_session() as session:
+        session.add(DagRun("taxiway_refresh", run_id, run_type=DagRunType.MANUAL, state=DagRunState.RUNNING,
+                           run_after=asked, start_date=asked))
+        ti = TaskInstance(task, dag_version_id=None, run_id=run_id, state=TaskInstanceState.DEFERRED)
+        session.add(ti)
+        session.flush()
+        session.add(HITLDetail(ti_id=ti.id, options=["Approve", "Reject"], subject="Promote models:/taxiway-tiny-gpt/4?",
+                               created_at=asked))
+        ti_id = ti.id
+
+    viewer = _as(tokens["viewer"])
+    assert client.get("/taxiway/api/approvals").status_code == 401
+    app._cache.drop(("approvals", "viewer"))
+    (waiting,) = [a for a in client.get("/taxiway/api/approvals", headers=viewer).json() if a["run_id"] == run_id]
+    assert waiting["model_version"] == "models:/taxiway-tiny-gpt/4" and 2 * 3600 < waiting["waited_s"] < 3 * 3600
+    assert waiting["link"] == (f"/dags/taxiway_refresh/runs/{quote(run_id, safe='')}/tasks/register.approval/"
+                               "required_actions")
+    app._cache.drop(("runs", "viewer"))
+    app._cache.drop(("approvals", "viewer"))
+    page = client.get("/taxiway/runs", headers=viewer).text
+    row = page[page.index(f"<tr class='approval' data-run-id='{run_id}'"):].split("</tr>", 1)[0]
+    assert "Promote models:/taxiway-tiny-gpt/4?" in row and "2 h 5 min" in row and "required_actions" in row, row
+    assert "href='/taxiway/batches'" in page  # the header's link to the batches page
+
+    with create_session() as session:
+        session.get(HITLDetail, ti_id).responded_at = datetime.now(UTC)
+    app._cache.drop(("approvals", "viewer"))
+    assert run_id not in {a["run_id"] for a in client.get("/taxiway/api/approvals", headers=viewer).json()}

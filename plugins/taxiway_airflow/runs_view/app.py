@@ -2,7 +2,11 @@
 
 Every route needs what the Airflow UI needs to see a DAG run (the ``_token`` cookie the UI's login
 sets, or a bearer token): Airflow's own ``requires_access_dag`` dependency, so a request without a
-valid token gets 401/403 like any REST call. The runs list only shows DAGs the user may read.
+valid token gets 401/403 like any REST call. The runs list (and the approvals waiting above it) only
+shows DAGs the user may read. The batches page (``/batches``, ``/api/batches``) needs read access to
+``taxiway_refresh``'s runs; releasing a quarantined batch (a form on the page, or
+``POST /api/batches/{id}/release``) needs edit access to them, as clearing or marking a run does. The
+form posts with the UI's cookie, which Airflow sets ``SameSite=Lax``: another site cannot post it.
 
 The api-server's event loop must never wait on a run folder (shared storage can hang) or MLflow:
 file, database and MLflow reads run in a small thread pool of their own, each request waits at most
@@ -28,11 +32,16 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from sqlalchemy import select
 from sqlalchemy.orm import joinedload
 
+from pipelines.config import RunConfig, load_config
+from pipelines.errors import Transient
+from pipelines.refresh import attempts, batches
 from pipelines.run_folder import RunFolder, run_dir, run_key
+from taxiway_airflow.params import default_config_path
+from taxiway_airflow.runs_view import approvals, mlflow_ui, render
 from taxiway_airflow.runs_view import folder as run_files
-from taxiway_airflow.runs_view import mlflow_ui, render
 
 DAG_IDS = ("taxiway_train", "taxiway_refresh", "taxiway_sweep")
+APPROVAL_DAGS = ("taxiway_train", "taxiway_refresh")  # the DAGs with a ``register.approval`` task
 MAX_RUNS = 100            # newest runs listed
 REQUEST_TIMEOUT_S = 8.0   # longest a request waits for files, the database or MLflow
 CACHE_TTL_S = 5.0         # status.json is rewritten every few seconds: fresher would only cost reads
@@ -61,6 +70,11 @@ class TtlCache:
             self._entries[key] = (time.monotonic(), value)
         return value
 
+    def drop(self, key: Any) -> None:
+        """Forget ``key``: the next read computes it (after a write the page must show)."""
+        with self._lock:
+            self._entries.pop(key, None)
+
 
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taxiway-runs-view")
 _cache = TtlCache(CACHE_TTL_S)
@@ -69,11 +83,19 @@ _cache = TtlCache(CACHE_TTL_S)
 async def off_loop(key: Any, compute: Callable[[], T]) -> T:
     """``compute()`` (cached under ``key``) in the view's thread pool, waited for at most
     ``REQUEST_TIMEOUT_S``; a slow read keeps going in its thread and fills the cache for the next try."""
-    future = asyncio.get_running_loop().run_in_executor(_pool, _cache.get, key, compute)
+    return await in_pool(str(key[0]), lambda: _cache.get(key, compute))
+
+
+async def in_pool(what: str, compute: Callable[[], T]) -> T:
+    """``compute()`` in the view's thread pool, waited for at most ``REQUEST_TIMEOUT_S`` (then 503); a
+    registry that cannot be reached is a 503 too."""
+    future = asyncio.get_running_loop().run_in_executor(_pool, compute)
     try:
         return await asyncio.wait_for(asyncio.shield(future), REQUEST_TIMEOUT_S)
     except TimeoutError:
-        raise HTTPException(503, f"reading {key[0]} took longer than {REQUEST_TIMEOUT_S:.0f} s; try again") from None
+        raise HTTPException(503, f"reading {what} took longer than {REQUEST_TIMEOUT_S:.0f} s; try again") from None
+    except Transient as exc:
+        raise HTTPException(503, f"{what}: {exc}") from None
 
 
 # --- reads (run in the pool) --------------------------------------------------------------------
@@ -86,6 +108,15 @@ def _airflow_runs(dag_ids: tuple[str, ...], run_id: str | None = None) -> list[t
     with create_session() as session:
         runs = session.scalars(query.order_by(DagRun.run_after.desc()).limit(MAX_RUNS)).unique().all()
         return [(r.dag_id, r.run_id, str(r.state), r.start_date, r.note) for r in runs]
+
+
+def _deployment() -> RunConfig:
+    """The deployment's config (``TAXIWAY_CONFIG``): where batches land, the registry, the policy."""
+    return load_config(default_config_path())
+
+
+def _listing() -> batches.Listing:
+    return batches.listing(_deployment())
 
 
 def _folder(dag_id: str, run_id: str) -> Path:
@@ -122,13 +153,59 @@ async def _one(dag_id: str, run_id: str, with_events: bool = False) -> render.Ru
 def create_app() -> FastAPI:
     app = FastAPI(title="Taxiway training runs", docs_url=None, redoc_url=None, openapi_url=None)
     dag_access = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+    batches_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, batches.REFRESH_DAG))]
+    batches_edit = [Depends(requires_access_dag("PUT", DagAccessEntity.RUN, batches.REFRESH_DAG))]
 
     async def listed(user: Any) -> list[render.RunRow]:
         return await off_loop(("runs", user.get_id()), lambda: _rows(_readable(user)))
 
+    async def waiting(user: Any) -> list[approvals.Approval]:
+        dags = tuple(d for d in _readable(user) if d in APPROVAL_DAGS)
+        return await off_loop(("approvals", user.get_id()), lambda: approvals.pending(dags))
+
     @app.get("/runs", response_class=HTMLResponse)
     async def runs(request: Request, user: GetUserDep) -> str:
-        return render.runs_table(await listed(user), _root(request))
+        return render.runs_table(await listed(user), _root(request), await waiting(user))
+
+    @app.get("/api/approvals")
+    async def approvals_json(user: GetUserDep) -> JSONResponse:
+        return JSONResponse([a.to_json() for a in await waiting(user)])
+
+    @app.get("/batches", response_class=HTMLResponse, dependencies=batches_read)
+    async def batches_html(request: Request) -> str:
+        return render.batches_page(await off_loop(("batches",), _listing), _root(request))
+
+    @app.get("/api/batches", dependencies=batches_read)
+    async def batches_json() -> JSONResponse:
+        return JSONResponse((await off_loop(("batches",), _listing)).to_json())
+
+    async def release(batch_id: str, user: Any) -> dict[str, Any]:
+        """Release the batch as ``user``; 404 for an id the landing zone does not hold, 409 (naming its
+        state) for a batch that is not quarantined. The id is only ever compared, never a path."""
+        try:
+            record = await in_pool("the landing zone", lambda: batches.release(_deployment(), batch_id, user.get_name()))
+        except batches.UnknownBatch as exc:
+            raise HTTPException(404, str(exc)) from None
+        except attempts.NotQuarantined as exc:
+            raise HTTPException(409, str(exc)) from None
+        _cache.drop(("batches",))
+        return record
+
+    @app.post("/api/batches/{batch_id}/release", dependencies=batches_edit)
+    async def release_json(batch_id: str, user: GetUserDep) -> JSONResponse:
+        return JSONResponse({"batch": batch_id, **await release(batch_id, user)})
+
+    @app.post("/batches/{batch_id}/release", response_class=HTMLResponse, dependencies=batches_edit)
+    async def release_form(request: Request, batch_id: str, user: GetUserDep) -> HTMLResponse:
+        try:
+            record = await release(batch_id, user)
+        except HTTPException as exc:
+            if exc.status_code not in (404, 409):
+                raise
+            return HTMLResponse(render.message("Not released", str(exc.detail)), exc.status_code)
+        done = (f"Released batch {batch_id}: {len(record['attempts'])} failed attempt(s) against {record['champion']} "
+                f"cleared; the next refresh tries it again.")
+        return HTMLResponse(render.batches_page(await off_loop(("batches",), _listing), _root(request), done))
 
     @app.get("/api/runs")
     async def runs_json(user: GetUserDep) -> JSONResponse:

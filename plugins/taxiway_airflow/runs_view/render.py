@@ -13,7 +13,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from pipelines.refresh.batches import BatchRow, Listing
 from pipelines.run_folder import taxiway_home
+from taxiway_airflow.runs_view.approvals import Approval
 from taxiway_airflow.runs_view.folder import RunFiles
 
 STYLE = """
@@ -31,6 +33,12 @@ th{background:#f5f7fa}
 pre{background:#f5f7fa;padding:8px;white-space:pre-wrap}
 .why{color:#cf1124;font-size:12px}
 .failure{border-left:4px solid #e12d39;background:#fff5f5;padding:8px 12px;margin:12px 0}
+.state-trained{background:#c6f7d2}
+.state-new{background:#d6e4ff}
+.state-invalid,.state-quarantined,.state-changed{background:#ffd2d2}
+.state-re-sent{background:#fff3c4}
+.done{border-left:4px solid #3ebd93;background:#effcf6;padding:8px 12px;margin:12px 0}
+nav{margin-bottom:8px}
 """
 
 
@@ -121,7 +129,25 @@ def _why(row: RunRow) -> str:
     return f"<br><span class='why'>{escape(text[:160])}</span>" if text else ""
 
 
-def runs_table(rows: list[RunRow], root: str) -> str:
+def _waited(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 1440} d {minutes // 60 % 24} h" if minutes >= 1440 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def approvals_table(approvals: list[Approval]) -> str:
+    """Approvals waiting for a person, each linked to Airflow's page where it is answered."""
+    if not approvals:
+        return "<p class='muted'>No approval is waiting.</p>"
+    rows = "".join(
+        f"<tr class='approval' data-run-id='{escape(a.run_id)}'><td>{escape(a.run_id)}<br><span class='muted'>"
+        f"{escape(a.dag_id)}</span></td><td>{escape(a.subject)}</td><td>{escape(a.version or '–')}</td>"
+        f"<td>{_waited(a.waited_s())}</td><td><a target='_top' href='{escape(a.link)}'>Approve or reject</a></td></tr>"
+        for a in approvals)
+    return (f"<table><tr><th>run</th><th>asks</th><th>model version</th><th>waiting for</th><th></th></tr>"
+            f"{rows}</table>")
+
+
+def runs_table(rows: list[RunRow], root: str, approvals: list[Approval] | None = None) -> str:
     head = ("<tr><th>run</th><th>state</th><th>training</th><th>step</th><th>loss</th><th>curve</th>"
             "<th>tokens/s</th><th>restarts</th><th>last checkpoint</th><th>eval</th><th>links</th></tr>")
     body = []
@@ -137,7 +163,62 @@ def runs_table(rows: list[RunRow], root: str) -> str:
             f"<td>{_num(st.get('tokens_per_s'), ',.0f')}</td><td>{_num(st.get('restarts'), 'd')}</td>"
             f"<td>{_checkpoint(f)}</td><td>{_badge(f.decision)}</td><td>{run_links(row, root)}</td></tr>")
     empty = "" if rows else "<p class='muted'>No taxiway_train, taxiway_refresh or taxiway_sweep run yet.</p>"
-    return _page("Training runs", f"<h1>Training runs</h1><table>{head}{''.join(body)}</table>{empty}")
+    waiting = (f"<h2>Waiting for approval</h2>{approvals_table(approvals)}<h2>Runs</h2>"
+               if approvals is not None else "")
+    return _page("Training runs", f"<nav><a href='{root}/batches'>Landed batches →</a></nav><h1>Training runs</h1>"
+                 f"{waiting}<table>{head}{''.join(body)}</table>{empty}")
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "–"
+    value, unit = float(count), "B"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _attempts(row: BatchRow) -> str:
+    if not row.attempts:
+        return ""
+    failure = row.last_failure or {}
+    last = (f"<br><span class='why'>last: failed at {escape(failure['stage'])}: {escape(failure.get('reason', '')[:200])}"
+            f"</span>" if failure.get("stage") else "")
+    return f"<br><span class='muted'>attempts: {escape(', '.join(row.attempts))}</span>{last}"
+
+
+def _releases(row: BatchRow) -> str:
+    return "".join(f"<br><span class='muted'>released by {escape(str(r.get('by')))} at {escape(str(r.get('at')))} "
+                   f"({len(r.get('attempts', []))} attempt(s) cleared)</span>" for r in row.releases[-3:])
+
+
+def batches_page(listing: Listing, root: str, done: str | None = None) -> str:
+    """Every landed batch with its state; a quarantined one with a form that releases it."""
+    if listing.landing is None:
+        return _page("Landed batches", f"<p><a href='{root}/runs'>← Training runs</a></p><h1>Landed batches</h1>"
+                     "<p class='muted'>refresh.landing is not set in the deployment's config: no landing zone.</p>")
+    rows = []
+    for b in listing.batches:
+        action = (f"<form method='post' action='{root}/batches/{quote(b.id, safe='')}/release'>"
+                  f"<button type='submit'>Release</button></form>" if b.state == "quarantined" else "")
+        rows.append(
+            f"<tr class='batch' data-batch-id='{escape(b.id)}'><td>{escape(b.id)}</td><td>{_badge(b.state)}</td>"
+            f"<td>{escape(_home_relative(b.reason)[:400])}{_attempts(b)}{_releases(b)}</td>"
+            f"<td>{escape(b.trained_by or '')}</td><td>{_num(b.files, 'd')}</td><td>{_size(b.bytes)}</td>"
+            f"<td>{escape(b.landed_at or '–')}</td><td>{action}</td></tr>")
+    shown = (f"the newest {len(listing.batches)} of {listing.total} (at most {listing.limit} are listed)"
+             if listing.total > len(listing.batches) else f"all {listing.total}")
+    facts = (f"<p class='muted'>Landing zone {escape(_home_relative(listing.landing))} · champion "
+             f"{escape(listing.champion or 'none')} · refresh.max_attempts {listing.max_attempts} · showing {shown}, "
+             "newest first</p>")
+    head = ("<tr><th>batch</th><th>state</th><th>why</th><th>trained by</th><th>files</th><th>size</th>"
+            "<th>landed at (UTC)</th><th></th></tr>")
+    note = f"<div class='done'>{escape(done)}</div>" if done else ""
+    empty = "" if listing.batches else "<p class='muted'>No batch has landed yet.</p>"
+    return _page("Landed batches", f"<p><a href='{root}/runs'>← Training runs</a></p><h1>Landed batches</h1>"
+                 f"{note}{facts}<table>{head}{''.join(rows)}</table>{empty}")
 
 
 def _failure(failure: dict[str, Any]) -> str:
