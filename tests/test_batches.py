@@ -29,7 +29,7 @@ def land_texts(home: Path, root: Path, batch_id: str, texts: dict[str, str]):
     return landing.land(_source(root, texts), home / "landing", batch_id=batch_id)
 
 
-def _land_by_hand(home: Path, batch_id: str, files: dict[str, bytes]) -> None:
+def land_by_hand(home: Path, batch_id: str, files: dict[str, bytes]) -> None:
     """A batch another system landed: files, manifest and marker written without the door's check."""
     folder = home / "landing" / batch_id
     lines = []
@@ -88,7 +88,7 @@ def test_each_landed_batch_has_its_state_against_the_champion(home: Path, tmp_pa
     (home / "landing" / "edited" / "manifest.jsonl").write_text("")  # the manifest changed after landing
     land_texts(home, tmp_path / "f", "grown", {"e.txt": "will grow\n"})
     (home / "landing" / "grown" / "train" / "e.txt").write_text("will grow, and did\n")
-    _land_by_hand(home, "unreadable", {"train/x.txt": b"caf\xe9\n", "train/y.py": b"print(1)\n"})
+    land_by_hand(home, "unreadable", {"train/x.txt": b"caf\xe9\n", "train/y.py": b"print(1)\n"})
     (home / "landing" / "broken").mkdir()
     (home / "landing" / "broken" / "_COMPLETE").write_text("not json")
     bad = land_texts(home, tmp_path / "q", "bad", {"f.txt": "keeps failing\n"})

@@ -7,6 +7,7 @@ note in the grid. Screenshots go to ``TAXIWAY_SCREENSHOTS`` (the README's are ma
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -133,3 +134,76 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     expect(page.get_by_text("trian: not a conf key").first).to_be_visible()
     expect(page.get_by_text("Upstream Failed").first).to_be_visible()  # the task table has loaded
     page.screenshot(path=shots / "failure-note.png")
+
+
+def test_a_quarantined_batch_released_in_the_browser(live_airflow, browser, shots: Path, tmp_path: Path, monkeypatch):
+    """The batches page, reached from the runs page's header, and a quarantined batch released with its
+    form, as the admin. It is served by an api-server of its own beside the shared deployment's (same
+    metadata database and users, its own ``TAXIWAY_HOME``): a landing zone, its registry and the refresh
+    state are a deployment's, and the shared deployment's belong to the live refresh test."""
+    from live_airflow import LiveAirflow
+    from playwright.sync_api import expect
+
+    from conftest import TINY
+    from pipelines.refresh import attempts
+
+    own = LiveAirflow(tmp_path / "batches", metadata_uri=live_airflow.init["metadata_uri"],
+                      extra_env={"TAXIWAY_CONFIG": str(TINY)}, secrets_=live_airflow.init["secrets"])
+    own.home.mkdir(parents=True)
+    (own.home / "passwords.json").write_text(json.dumps({"admin": own.password}))
+    own.launch("api-server")  # starts while the batches land
+    try:
+        bad, champion = _landing_zone(own.taxiway_home, tmp_path, monkeypatch)
+        wait_for("the batches' api-server", own._healthy, 120, every_s=0.5)
+        context = browser.new_context(viewport={"width": 1440, "height": 900})
+        # signed in as the login page leaves a browser (the login itself: the test above)
+        context.add_cookies([{"name": "_token", "value": own.token(), "url": own.url}])
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        expect.set_options(timeout=60_000)
+        page.goto(f"{own.url}/taxiway/runs")
+        page.get_by_role("link", name="Landed batches →").click()
+        row = page.locator("tr[data-batch-id='2026-12-03-logs']")
+        expect(row).to_contain_text("quarantined")
+        expect(row).to_contain_text("last: failed at train: loss became NaN at step 12")
+        expect(page.locator("tr[data-batch-id='2026-12-01-docs']")).to_contain_text(champion)
+        expect(page.locator("tr[data-batch-id='2026-12-02-docs-again']")).to_contain_text("re-sent")
+        expect(page.locator("tr[data-batch-id='2026-12-04-export']")).to_contain_text("invalid")
+        page.screenshot(path=shots / "batches.png", full_page=True)
+
+        row.get_by_role("button", name="Release").click()
+        expect(page.get_by_text("Released batch 2026-12-03-logs: 3 failed attempt(s)")).to_be_visible()
+        row = page.locator("tr[data-batch-id='2026-12-03-logs']")
+        expect(row).to_contain_text("new")
+        expect(row).to_contain_text("released by admin at")
+        context.close()
+    finally:
+        own.stop()
+    (record,) = attempts.released([bad])[bad.id]
+    assert record["by"] == "admin" and len(record["attempts"]) == 3
+    assert attempts.take([bad], "scheduled__2026-12-06T03:00:00+00:00", champion, 3).kept == [bad]
+
+
+def _landing_zone(home: Path, tmp_path: Path, monkeypatch) -> tuple:
+    """A landing zone with a batch in each state, and its champion (``TAXIWAY_HOME`` = ``home``: the
+    registry on SQLite there, the refresh state); the quarantined batch and the champion are returned."""
+    from test_batches import champion_with_ledger, land_by_hand, land_texts
+
+    from pipelines.refresh import attempts
+    from pipelines.run_folder import RunFolder, run_dir
+    from trainer import fsio
+
+    monkeypatch.setenv("TAXIWAY_HOME", str(home))
+    home.mkdir(parents=True)
+    trained = land_texts(home, tmp_path / "s1", "2026-12-01-docs", {"a.txt": "first document\n", "b.txt": "two\n"})
+    champion = champion_with_ledger(tmp_path, [trained])
+    land_texts(home, tmp_path / "s2", "2026-12-02-docs-again", {"a.txt": "first document\n", "b.txt": "two\n"})
+    bad = land_texts(home, tmp_path / "s3", "2026-12-03-logs", {"log.txt": "keeps failing\n"})
+    runs = [f"scheduled__2026-12-0{day}T03:00:00+00:00" for day in (3, 4, 5)]
+    for run in runs:
+        attempts.take([bad], run, champion, 3)
+    fsio.write_json(RunFolder(run_dir("taxiway_refresh", runs[-1])).failure_summary, {
+        "stage": "train", "task_id": "train.gang", "reason": "loss became NaN at step 12", "next": "fix the batch"})
+    land_by_hand(home, "2026-12-04-export", {"train/export.py": b"print('not a document')\n"})
+    land_texts(home, tmp_path / "s5", "2026-12-05-new", {"c.txt": "a new document\n"})
+    return bad, champion

@@ -39,6 +39,7 @@ pre{background:#f5f7fa;padding:8px;white-space:pre-wrap}
 .state-re-sent{background:#fff3c4}
 .done{border-left:4px solid #3ebd93;background:#effcf6;padding:8px 12px;margin:12px 0}
 nav{margin-bottom:8px}
+.nowrap{white-space:nowrap}
 """
 
 
@@ -204,10 +205,10 @@ def batches_page(listing: Listing, root: str, done: str | None = None) -> str:
         action = (f"<form method='post' action='{root}/batches/{quote(b.id, safe='')}/release'>"
                   f"<button type='submit'>Release</button></form>" if b.state == "quarantined" else "")
         rows.append(
-            f"<tr class='batch' data-batch-id='{escape(b.id)}'><td>{escape(b.id)}</td><td>{_badge(b.state)}</td>"
+            f"<tr class='batch' data-batch-id='{escape(b.id)}'><td class='nowrap'>{escape(b.id)}</td><td>{_badge(b.state)}</td>"
             f"<td>{escape(_home_relative(b.reason)[:400])}{_attempts(b)}{_releases(b)}</td>"
-            f"<td>{escape(b.trained_by or '')}</td><td>{_num(b.files, 'd')}</td><td>{_size(b.bytes)}</td>"
-            f"<td>{escape(b.landed_at or '–')}</td><td>{action}</td></tr>")
+            f"<td>{escape(b.trained_by or '')}</td><td>{_num(b.files, 'd')}</td><td class='nowrap'>{_size(b.bytes)}</td>"
+            f"<td class='nowrap'>{escape(b.landed_at or '–')}</td><td>{action}</td></tr>")
     shown = (f"the newest {len(listing.batches)} of {listing.total} (at most {listing.limit} are listed)"
              if listing.total > len(listing.batches) else f"all {listing.total}")
     facts = (f"<p class='muted'>Landing zone {escape(_home_relative(listing.landing))} · champion "
