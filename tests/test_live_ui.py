@@ -2,7 +2,7 @@
 Playwright (pinned; no browser download) against the live api-server. It logs in on the login page,
 opens the "Training runs" view from the navigation entry, a run's page, the trigger form of
 ``taxiway_train``, the register task's extra links (following "Eval report"), and a failed run's
-note in the grid. Screenshots go to ``TAXIWAY_SCREENSHOTS`` (the README's are made with
+note in the grid; and the batches page, where a quarantined batch is released. Screenshots go to ``TAXIWAY_SCREENSHOTS`` (the README's are made with
 ``TAXIWAY_SCREENSHOTS=docs/screenshots``), else to the test's temporary folder."""
 
 from __future__ import annotations
