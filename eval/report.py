@@ -56,6 +56,8 @@ def markdown(rep: dict[str, Any]) -> str:
         f"| paired bootstrap | {g['units']} {g['unit']}s, {g['samples']} resamples, seed {g['seed']} |", "",
         "![per-unit comparison](comparison.png)", "",
     ]
+    if "forgetting" in rep:
+        lines += forgetting_markdown(rep["forgetting"])
     if rep["generations"]:
         lines += ["## Generations", ""]
         for gen in rep["generations"]:
@@ -92,3 +94,25 @@ def with_refresh(rep: dict[str, Any], candidate: Score, baseline: Score, fresh: 
     out["summary"] = (f"{reason}. Fixed validation set: {c['bits_per_byte']:.4f} vs {b['bits_per_byte']:.4f} bits/byte "
                       f"({b['label']}); new data: {candidate.bits_per_byte:.4f} vs {baseline.bits_per_byte:.4f}.")
     return out
+
+
+def with_forgetting(rep: dict[str, Any], rows: list[dict[str, Any]], left_out: list[dict[str, str]]) -> dict[str, Any]:
+    """A refresh's forgetting: parent vs candidate bits/byte on the fixed validation set and on each
+    earlier batch's held-out slice (``rows``, newest first); ``delta_bpb`` > 0 is what the candidate forgot."""
+    c, b = rep["candidate"], rep["baseline"]
+    sets = [{"set": "fixed validation", "batch": None, "parent_bpb": b["bits_per_byte"], "candidate_bpb": c["bits_per_byte"]}]
+    sets += [{"set": f"batch {r['batch']} held-out", **r} for r in rows]
+    for row in sets:
+        row["delta_bpb"] = row["candidate_bpb"] - row["parent_bpb"]
+    return {**rep, "forgetting": {"sets": sets, "left_out": left_out}}
+
+
+def forgetting_markdown(forgetting: dict[str, Any]) -> list[str]:
+    lines = ["## Forgetting", "", "Bits per byte, parent vs candidate; a positive change is what the candidate forgot.",
+             "", "| set | parent | candidate | change |", "|---|---|---|---|"]
+    lines += [f"| {r['set']} | {r['parent_bpb']:.4f} | {r['candidate_bpb']:.4f} | {r['delta_bpb']:+.4f} |"
+              for r in forgetting["sets"]]
+    if forgetting["left_out"]:
+        lines += ["", "Left out: " + "; ".join(f"batch {r['batch']} ({r['reason']})" for r in forgetting["left_out"])]
+    return [*lines, ""]
+

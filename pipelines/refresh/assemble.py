@@ -11,6 +11,9 @@
                                    (``refresh.fresh_eval_fraction``) of its train files
     manifest.jsonl                 train + val, for the standard preflight checks
     fresh.jsonl                    the held-out files (as split "val"), for the refresh gate
+    earlier/<batch id>/...         held-out files of earlier batches in the champion's ledger (newest
+    earlier-<batch id>.jsonl       first, at most ``refresh.forgetting_batches``), recovered as their
+                                   refresh held them out: scored parent vs candidate to show forgetting
 
 A new document that is a near-duplicate (MinHash estimate at or above
 ``preflight.overlap_jaccard``, exact copies included) of anything the champion was trained on is
@@ -36,7 +39,7 @@ from pipelines.preflight.decontaminate import filtered
 from pipelines.preflight.overlap import Signed, sign_files
 from pipelines.refresh import attempts, signatures
 from pipelines.refresh.landing import MANIFEST, Batch
-from pipelines.refresh.layout import FRESH, NEW, layout
+from pipelines.refresh.layout import EARLIER, FRESH, NEW, layout
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.run_folder import RunFolder
 from trainer import fsio
@@ -55,12 +58,13 @@ def _place(dest: Path, src: storage.Location) -> None:
         dest.write_bytes(storage.read_bytes(src))
 
 
-def _held_out(batch: Batch, train: list[manifest.Entry], fraction: float, seed: int) -> set[str]:
-    """A seeded share of a batch's train files, for a batch that brings no val/ of its own."""
+def _held_out(batch_id: str, train: list[manifest.Entry], fraction: float, seed: int) -> set[str]:
+    """A seeded share of a batch's train files, for a batch that brings no val/ of its own: a pure
+    function of (seed, batch id, paths, fraction), so a later refresh recovers it (``_earlier``)."""
     if len(train) < 2:
-        raise BadInput(f"batch {batch.id}: one train file and no val/: nothing can be held out to judge the "
+        raise BadInput(f"batch {batch_id}: one train file and no val/: nothing can be held out to judge the "
                        "refresh on new data; land a val/ folder or more files")
-    rank = sorted(train, key=lambda e: hashlib.sha256(f"{seed} {batch.id} {e.path}".encode()).hexdigest())
+    rank = sorted(train, key=lambda e: hashlib.sha256(f"{seed} {batch_id} {e.path}".encode()).hexdigest())
     return {e.path for e in rank[:min(len(train) - 1, math.ceil(fraction * len(train)))]}
 
 
@@ -108,7 +112,7 @@ def assemble(cfg: RunConfig, run_dir: Path, plan: RefreshPlan) -> dict:
             entries = manifest.read(batch.manifest)
             train = [e for e in entries if e.split == "train"]
             own_val = [e for e in entries if e.split == "val"]
-            held = {e.path for e in own_val} or _held_out(batch, train, cfg.refresh.fresh_eval_fraction, cfg.train.seed)
+            held = {e.path for e in own_val} or _held_out(batch.id, train, cfg.refresh.fresh_eval_fraction, cfg.train.seed)
             repeats, signed_batch = _repeats(cfg, index, batch)
             dropped, kept = [], []  # kept: [path in batch, sha256 as packed, filtered]
             for e in entries:
@@ -141,6 +145,7 @@ def assemble(cfg: RunConfig, run_dir: Path, plan: RefreshPlan) -> dict:
             root, held_entries = pending.get(batch_report["batch"], (None, []))
             batch_report["held_out_dropped"] = _place_fresh(cfg, index, stage, batch_report["batch"], root, held_entries,
                                                            fresh_entries)
+        earlier, left_out = _earlier(cfg, plan, stage)
         if not train_entries:
             raise NothingNew(f"nothing to train on: every new train document of {', '.join(b['batch'] for b in report)} "
                              "repeats data the champion was trained on (dropped as re-sends; assembled.json lists each)")
@@ -148,9 +153,52 @@ def assemble(cfg: RunConfig, run_dir: Path, plan: RefreshPlan) -> dict:
                                                                   for e in val])
         manifest.write(stage / "fresh.jsonl", fresh_entries)
     summary = {"batches": report, "trained_sources_signed_now": signed, "train_files": len(train_entries), "fresh_files": len(fresh_entries),
-               "dropped_documents": sum(len(b["dropped_documents"]) for b in report)}
+               "dropped_documents": sum(len(b["dropped_documents"]) for b in report),
+               "earlier": earlier, "earlier_left_out": left_out}
     fsio.write_json(RunFolder(run_dir).refresh_assembled, summary)
     return summary
+
+
+def _earlier_slice(cfg: RunConfig, row: dict, zone: storage.Location) -> tuple[list[manifest.Entry], str, str]:
+    """An earlier batch's held-out files as its refresh held them out (its val/, else ``_held_out``
+    with this deployment's seed and fraction, checked against the files its ledger row says were
+    trained), where they came from, and why none when they cannot be recovered."""
+    found = zone.join(f"{row['id']}/{MANIFEST}")
+    if not storage.exists(found):
+        return [], "", "no longer in the landing zone"
+    if storage.sha256(found) != row["manifest_sha256"]:
+        return [], "", "its manifest changed since it was trained"
+    entries = manifest.read(found.uri())
+    if own_val := [e for e in entries if e.split == "val"]:
+        return own_val, "val/", ""
+    train = [e for e in entries if e.split == "train"]
+    held = _held_out(row["id"], train, cfg.refresh.fresh_eval_fraction, cfg.train.seed) if len(train) > 1 else set()
+    if not held or held & {path for path, _, _ in row.get("train", [])}:
+        return [], "", ("its held-out files cannot be recovered: refresh.fresh_eval_fraction or train.seed "
+                        "changed since it was trained")
+    return [e for e in train if e.path in held], "train", ""
+
+
+def _earlier(cfg: RunConfig, plan: RefreshPlan, stage: Path) -> tuple[list[dict], list[dict]]:
+    """Place the held-out slices of the batches the champion was trained on, newest first, at most
+    ``refresh.forgetting_batches``, as landed (the trained index holds each batch's whole manifest, so
+    it cannot filter them again); returns those placed and those left out, with why."""
+    zone, n = storage.locate(plan.landing), cfg.refresh.forgetting_batches
+    rows = list(reversed(plan.ledger))
+    placed = []
+    left_out = [{"batch": row["id"], "reason": f"beyond refresh.forgetting_batches ({n}), newest first"}
+                for row in rows[n:]]
+    for row in rows[:n]:
+        held, origin, why = _earlier_slice(cfg, row, zone)
+        if not held:
+            left_out.append({"batch": row["id"], "reason": why})
+            continue
+        for e in held:
+            _place(stage / EARLIER / row["id"] / e.path, zone.join(f"{row['id']}/{e.path}"))
+        manifest.write(stage / f"{EARLIER}-{row['id']}.jsonl",
+                       [manifest.Entry(f"{EARLIER}/{row['id']}/{e.path}", "val", e.bytes, e.sha256) for e in held])
+        placed.append({"batch": row["id"], "version": row["version"], "files": len(held), "held_out_from": origin})
+    return placed, left_out
 
 
 def _place_fresh(cfg: RunConfig, index, stage: Path, batch_id: str, root: storage.Location | None,

@@ -11,7 +11,7 @@ from pipelines.config import DataConfig, RunConfig
 from pipelines.errors import BadInput
 from pipelines.run_folder import RunFolder
 
-NEW, FRESH = "batches", "fresh"
+NEW, FRESH, EARLIER = "batches", "fresh", "earlier"
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,13 @@ class Layout:
     def fresh_manifest(self) -> Path:
         return self.root / "fresh.jsonl"
 
+    def earlier(self, batch_id: str) -> Path:
+        """An earlier batch's held-out slice, scored parent vs candidate to show forgetting."""
+        return self.root / EARLIER / batch_id
+
+    def earlier_manifest(self, batch_id: str) -> Path:
+        return self.root / f"{EARLIER}-{batch_id}.jsonl"
+
 
 def layout(base: RunConfig | DataConfig, run_dir: Path) -> Layout:
     """Where the refresh dataset lies; the fixed val keeps its path relative to the base manifest."""
@@ -48,6 +55,6 @@ def layout(base: RunConfig | DataConfig, run_dir: Path) -> Layout:
     except ValueError:
         raise BadInput(f"data.val {data.val}: a refresh needs the validation folder under the manifest's "
                        f"folder ({manifest.root_of(data.manifest).uri()})") from None
-    if PurePosixPath(val_rel).parts[:1] in ((NEW,), (FRESH,)) or val_rel in ("", "."):
+    if PurePosixPath(val_rel).parts[:1] in ((NEW,), (FRESH,), (EARLIER,)) or val_rel in ("", "."):
         raise BadInput(f"data.val {data.val}: its folder name {val_rel!r} is reserved in a refresh dataset")
     return Layout(RunFolder(run_dir).refresh_data, val_rel)

@@ -79,3 +79,14 @@ def to_metrics(records: list[dict[str, Any]]) -> list:
                    int(datetime.fromisoformat(rec["time"]).timestamp() * 1000) if rec.get("time") else now,
                    int(rec["step"]))
             for rec in records for key in KEYS if rec.get(key) is not None]
+
+
+def forgetting(report: dict[str, Any]) -> dict[str, float]:
+    """A refresh's forgetting rows (``eval.report.with_forgetting``) as metric names and values:
+    ``eval.forgetting.fixed.*`` and ``eval.forgetting.batch.<id>.*``; none for a run that is not a refresh."""
+    out: dict[str, float] = {}
+    for row in report.get("forgetting", {}).get("sets", []):
+        where = f"batch.{row['batch']}" if row["batch"] else "fixed"
+        for key in ("parent_bpb", "candidate_bpb", "delta_bpb"):
+            out[f"eval.forgetting.{where}.{key}"] = float(row[key])
+    return out

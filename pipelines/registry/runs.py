@@ -113,6 +113,7 @@ def _eval_metrics(report: dict[str, Any], step: int):
            for who in ("candidate", "baseline") for key in ("loss", "bits_per_byte", "perplexity")]
     gate = report["gate"]
     out += [Metric(f"eval.{key}", float(gate[key]), now, step) for key in ("improvement_bpb", "lower_bpb", "upper_bpb")]
+    out += [Metric(key, value, now, step) for key, value in live_metrics.forgetting(report).items()]
     return out
 
 

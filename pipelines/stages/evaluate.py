@@ -1,7 +1,8 @@
 """Evaluation against a baseline (docs/evaluation.md): the candidate and the baseline (the champion,
 the refresh's parent, or a floor) scored in bits per byte on the same validation text, the
 difference gated by a paired bootstrap; ``eval/`` written with ``report.json`` last. A refresh is
-judged on its held-out new data too."""
+judged on its held-out new data too, and reports forgetting: parent vs candidate on the fixed set and
+on the held-out slices of the earlier batches its parent was trained on."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pipelines import registry
 from pipelines import tokenize as tk
 from pipelines.config import RunConfig, TokenizerConfig
 from pipelines.preflight.decontaminate import effective_data
+from pipelines.refresh.layout import layout
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.registry import lineage
 from pipelines.run_folder import RunFolder
@@ -70,10 +72,35 @@ def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: Ref
         passed, reason = gate.refresh_decision(decision, fresh, cfg.refresh.max_regression_bpb)
         report = eval_report.with_refresh(report, cand_f, base_f, fresh, passed, reason,
                                           cfg.refresh.max_regression_bpb)
+    if refresh is not None and chosen is not None:
+        rows, left_out = _forgetting(cfg, run_dir, candidate, model, packed, chosen.folder, device)
+        report = eval_report.with_forgetting(report, rows, left_out)
     for name, data in eval_report.files(report, paired, decision).items():
         fsio.write_bytes(folder.eval / name, data)
     log.info("%s", report["reason"])
     return report
+
+
+def _forgetting(cfg: RunConfig, run_dir: Path, candidate: Any, parent: Any, packed: Path, parent_dir: Path,
+                device: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Parent vs candidate bits/byte on each earlier batch's held-out slice (``assemble`` placed them,
+    newest first), packed with the candidate's tokenizer; and the batches left out, with why."""
+    from eval.score import score  # torch: as in ``run``
+
+    assembled = json.loads(require(RunFolder(run_dir).refresh_assembled, "assemble").read_text())
+    out, e = layout(cfg, run_dir), cfg.eval
+    rows = []
+    for batch in assembled.get("earlier", []):
+        bid = batch["batch"]
+        data = cfg.model_copy(update={
+            "data": cfg.data.model_copy(update={"val": str(out.earlier(bid)), "manifest": str(out.earlier_manifest(bid))}),
+            "tokenizer": cfg.tokenizer.model_copy(update={"path": str(packed / "tokenizer.json")})})
+        mine = tk.pack_splits(data, splits=("val",)).path
+        cand = score(candidate, mine, "val", e.batch_size, e.max_batches, device)
+        base = score(parent, _baseline_packed(data, mine, parent_dir), "val", e.batch_size, e.max_batches, device)
+        rows.append({"batch": bid, "version": batch["version"], "files": batch["files"],
+                     "parent_bpb": base.bits_per_byte, "candidate_bpb": cand.bits_per_byte})
+    return rows, assembled.get("earlier_left_out", [])
 
 
 def _baseline_packed(data: RunConfig, packed: Path, baseline_dir: Path) -> Path:
