@@ -20,6 +20,7 @@ import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
 from taxiway_airflow import failure_summary, stage_groups
+from taxiway_airflow.alerts.notifier import RunFailedNotifier
 from taxiway_airflow.landing_asset import landing_asset
 from taxiway_airflow.params import build_params, default_config_path, form_defaults
 from taxiway_airflow.tasks import refresh as tasks
@@ -35,7 +36,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     default_args=failure_summary.CALLBACKS,  # every task: a failure summary in folder, log and note
-    on_failure_callback=failure_summary.dag_failed,
+    on_failure_callback=[failure_summary.dag_failed, RunFailedNotifier()],  # the summary, then the alert on it
     params=build_params(),
     tags=["taxiway", "training", "refresh"],
     doc_md=__doc__,

@@ -169,6 +169,11 @@ def earlier_summary(folder: Path, run_id: str, clear_number: int) -> FailureSumm
     return earlier if (earlier.run_id, earlier.clear_number) == (run_id, clear_number) else None
 
 
+def recorded(context: dict[str, Any]) -> FailureSummary | None:
+    """The summary this try of the run in a DAG callback's ``context`` has (None while none is written)."""
+    return earlier_summary(run_dir(context["dag"].dag_id, context["run_id"]), context["run_id"], _clear_number(context))
+
+
 def record(summary: FailureSummary) -> None:
     """Write ``failure.json`` (atomically), set the note, and log the summary as the last line."""
 

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from pipelines import run_folder
 from pipelines.stages import refresh as refresh_stage
+from taxiway_airflow.alerts import refresh as refresh_alerts
 from taxiway_airflow.failures import translated
 from taxiway_airflow.tasks.common import TASK, conf_config, prepared, run_dir_of
 
@@ -22,11 +23,14 @@ log = logging.getLogger("taxiway")
 def refresh_plan() -> dict[str, Any] | None:
     """Decide what this refresh does: the champion to continue and the landed batches new to it.
     Nothing new (or no champion) → one log line saying why and every later task skipped; else the
-    refresh's config in ``<run>/config.yaml``."""
+    refresh's config in ``<run>/config.yaml``. Either way, the alerts the plan calls for (a batch newly
+    quarantined, a champion stale while batches wait)."""
     ctx = get_current_context()
     run_dir = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])
-    decision = refresh_stage.plan(conf_config(ctx["dag_run"].conf or {}), run_dir, ctx["run_id"])
+    cfg = conf_config(ctx["dag_run"].conf or {})
+    decision = refresh_stage.plan(cfg, run_dir, ctx["run_id"])
     log.info("%s", decision.reason)
+    refresh_alerts.after_plan(cfg, run_dir, ctx["dag"].dag_id, ctx["run_id"])  # quarantined batches, a stale champion
     return None if decision.config is None else prepared(decision.config, run_dir)
 
 
