@@ -20,6 +20,8 @@ from typing import Any
 from pipelines.config import RunConfig
 from pipelines.config.schema import RegistryConfig
 from pipelines.refresh.plan import RefreshPlan
+from pipelines.registry import resolve_version
+from pipelines.registry.approval import AT_TAG, TAG
 from taxiway_airflow.alerts.alert import Alert, span
 from taxiway_airflow.alerts.delivery import deliver, why
 from taxiway_airflow.alerts.once import claim
@@ -51,9 +53,6 @@ def quarantined(plan: RefreshPlan, dag_id: str, run_id: str) -> list[Alert]:
 def champion_since(champion: str, reg: RegistryConfig) -> datetime:
     """When ``champion`` (models:/NAME/VERSION) took the alias: when a person approved it, else when it
     was registered (an unapproved promotion moves the alias as the version is made)."""
-    from pipelines.registry import resolve_version  # mlflow (~1 s): only when a stale check needs it
-    from pipelines.registry.approval import AT_TAG, TAG
-
     mv = resolve_version(champion, reg)
     made = datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC)
     if mv.tags.get(TAG) == "approved":
