@@ -57,15 +57,19 @@ def champion_since(champion: str, reg: RegistryConfig) -> datetime:
     made = datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC)
     if mv.tags.get(TAG) == "approved":
         try:
-            return max(made, datetime.fromisoformat(mv.tags[AT_TAG]))
+            return max(made, _utc(mv.tags[AT_TAG]))
         except (KeyError, ValueError):
             pass
     return made
 
 
+def _utc(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo else at.replace(tzinfo=UTC)  # written without a zone (another system's marker): UTC
+
+
 def _landed(batch: Any) -> datetime:
-    at = datetime.fromisoformat(batch.landed_at)
-    return at if at.tzinfo else at.replace(tzinfo=UTC)  # a marker another system wrote without a zone: UTC
+    return _utc(batch.landed_at)
 
 
 def stale(cfg: RunConfig, plan: RefreshPlan, dag_id: str, run_id: str, now: datetime) -> list[Alert]:
