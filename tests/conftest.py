@@ -226,3 +226,37 @@ def tracking_server(tmp_path_factory):
 
     with mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright (pinned; no browser download), for the browser tests."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed (make browser installs it: apt-get install chromium)"
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a browser test saves screenshots: ``TAXIWAY_SCREENSHOTS`` (the docs' are made with
+    ``TAXIWAY_SCREENSHOTS=docs/screenshots``), else the test's temporary folder."""
+    out = Path(os.environ.get("TAXIWAY_SCREENSHOTS") or tmp_path)
+    out = out if out.is_absolute() else REPO / out
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def sign_in(page, url: str, password: str) -> None:
+    """Log in on the Airflow UI's login page as the live deployment's admin."""
+    page.goto(f"{url}/")
+    page.locator("input[name=username]").fill("admin")
+    page.locator("input[name=password]").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda u: "/auth/" not in u)

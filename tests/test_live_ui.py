@@ -8,41 +8,16 @@ note in the grid; and the batches page, where a quarantined batch is released. S
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from live_airflow import wait_for
 
-from conftest import REPO
+from conftest import sign_in
 
 DAG = "taxiway_train"
 pytestmark = [pytest.mark.live, pytest.mark.browser]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is not installed (make browser installs it: apt-get install chromium)"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("TAXIWAY_SCREENSHOTS") or tmp_path)
-    out = out if out.is_absolute() else REPO / out
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, shots: Path, monkeypatch):
@@ -66,6 +41,7 @@ def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, sh
     assert live.wait_run(DAG, good_id, timeout_s=120)["state"] == "success"
     tries = {k: (ti["state"], ti["try_number"]) for k, ti in live.task_instances(DAG, good_id).items()}
     assert tries.pop("register.model_version") == ("success", 2), tries
+    assert {tries.pop("register.approval")[0], tries.pop("register.decision")[0]} == {"skipped"}  # approval: auto
     assert set(tries.values()) == {("success", 1)}, tries
     assert "still locked after 2 s" in (live.task_log(DAG, good_id, "register.model_version", 1) or "")
     assert live.wait_run(DAG, bad_id, timeout_s=60)["state"] == "failed"
@@ -83,11 +59,7 @@ def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> Non
     from playwright.sync_api import expect
 
     expect.set_options(timeout=60_000)  # the UI's first load on a busy machine takes seconds
-    page.goto(f"{live.url}/")
-    page.locator("input[name=username]").fill("admin")
-    page.locator("input[name=password]").fill(live.password)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(lambda url: "/auth/" not in url)
+    sign_in(page, live.url, live.password)
 
     # the view, from its entry in the navigation (Browse → Training runs: an iframe in Airflow's own page)
     page.get_by_role("button", name="Browse").click()

@@ -460,3 +460,55 @@ def test_no_credential_in_a_uri_leaves_redacted_or_reaches_a_browser(uri: str, l
     assert redacted(uri) == logged and not re.search("s3c|r3t", redacted(uri))  # no piece of a secret
     if browsed is not None:
         assert without_credentials(uri) == browsed
+
+
+def _decide(run_dir: Path, choice: str, by: str | None, comment: str = "") -> dict:
+    from pipelines import stages
+    from pipelines.registry.approval import Decision
+
+    return stages.register.decide(stages.prepare.load_run_config(run_dir), run_dir,
+                                  Decision(choice, by, "2026-12-05T03:00:00+00:00", comment))
+
+
+def test_with_approval_required_only_a_persons_approval_moves_the_champion(models, home: Path, monkeypatch):
+    """``registry.approval: required``: a passed gate registers the version pending, holding no alias;
+    approve → champion (and only while the champion is still the one it was evaluated against: else
+    challenger); reject and timeout → challenger. Who, when and the comment are tags on the version."""
+    from pipelines.registry import client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
+    c, name = client(), _unique("approval")
+    required = "registry.approval=required"
+    weak = _run(home, models["weak"], name, "w", required)
+    assert _evaluate(weak)["passed"]
+    pending = _register(weak, f"{name}-w")
+    assert pending["approval"] == "pending" and pending["alias"] is None
+    assert c.get_model_version(name, pending["version"]).tags["taxiway.approval"] == "pending"
+    assert not c.get_registered_model(name).aliases, "nothing moves before a person answers"
+
+    approved = _decide(weak, "approved", "ada", "looks right")
+    assert approved["alias"] == "champion" and approved["approval"] == "approved"
+    tags = c.get_model_version(name, approved["version"]).tags
+    assert (tags["taxiway.approval"], tags["taxiway.approval.by"], tags["taxiway.approval.comment"]) == (
+        "approved", "ada", "looks right")
+    assert tags["taxiway.approval.at"] == "2026-12-05T03:00:00+00:00"
+
+    medium, strong = _run(home, models["medium"], name, "m", required), _run(home, models["strong"], name, "s", required)
+    for run_dir in (medium, strong):
+        assert _evaluate(run_dir)["baseline"]["version"] == approved["version"]
+        assert _register(run_dir, f"{name}-{run_dir.name}")["approval"] == "pending"
+    assert _decide(strong, "approved", "ada")["alias"] == "champion"
+    stale = _decide(medium, "approved", "bob")
+    assert stale["alias"] == "challenger" and "moved to version" in stale["reason"] and "while this model waited" in stale["reason"]
+
+    name = _unique("approval")
+    for label, choice, why in (("t", "timed_out", "registry.approval_timeout_s"), ("r", "rejected", "rejected by eve")):
+        run_dir = _run(home, models["medium"], name, label, required)
+        assert _evaluate(run_dir)["passed"] and _register(run_dir, f"{name}-{label}")["approval"] == "pending"
+        decided = _decide(run_dir, choice, None if choice == "timed_out" else "eve")
+        assert decided["alias"] == "challenger" and why in decided["reason"], decided
+        assert c.get_model_version(name, decided["version"]).tags["taxiway.approval"] == choice
+    assert "champion" not in c.get_registered_model(name).aliases
+    assert c.get_model_version(name, "1").tags["taxiway.approval.by"] == "(timeout)"
+    with pytest.raises(Exception, match="not waiting for approval"):
+        _decide(run_dir, "approved", "eve")

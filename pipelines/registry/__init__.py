@@ -16,6 +16,8 @@ The modules, each importing only modules listed above it (no circle, no callback
   ``promote`` is one try under the lock and answers ``ChampionMoved`` when the champion moved
   since evaluation. Evaluating again and retrying is the register stage's loop
   (``pipelines.stages.register``), not the registry's.
+- ``approval``: ``registry.approval: required``: a version tagged pending, then a person's decision
+  (or the timeout) applied under the same rules (``apply``).
 - ``sweep``: a sweep's parent run and one child run per member (``log_sweep``); the sweep's
   registration stage (``pipelines.sweep.registration``) imports it by name.
 """

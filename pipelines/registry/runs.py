@@ -49,8 +49,8 @@ class Registered:
     def uri(self) -> str:
         return f"models:/{self.model_name}/{self.version}"
 
-    def record(self, alias: str, reason: str) -> dict[str, Any]:
-        """What registration made, as ``registry.json`` holds it."""
+    def record(self, alias: str | None, reason: str) -> dict[str, Any]:
+        """What registration made, as ``registry.json`` holds it (``alias`` None: waiting for approval)."""
         return {"model_name": self.model_name, "version": self.version, "alias": alias, "reason": reason,
                 "run_id": self.run_id, "experiment": self.experiment, "uri": self.uri}
 

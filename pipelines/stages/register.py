@@ -13,9 +13,10 @@ from pipelines import registry
 from pipelines.config import RunConfig
 from pipelines.refresh import ledger
 from pipelines.refresh.plan import RefreshPlan
+from pipelines.registry import approval
 from pipelines.run_folder import RunFolder
 from pipelines.stages import evaluate
-from pipelines.stages.prepare import require
+from pipelines.stages.prepare import StageInputError, require
 from trainer import fsio
 
 log = logging.getLogger("taxiway.stages")
@@ -28,12 +29,20 @@ def run(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | N
     was evaluated, it is evaluated again against the new champion and promotion is tried again, at
     most ``registry.max_reevaluations`` times; a champion that kept moving leaves it ``challenger``.
     A refresh (``refresh``: its plan) is not re-evaluated: it continues its parent, so a champion that
-    is no longer that parent leaves it ``challenger`` and its batches new to the champion's next refresh."""
+    is no longer that parent leaves it ``challenger`` and its batches new to the champion's next refresh.
+    With ``registry.approval: required`` a version that passed holds no alias yet: ``decide`` moves it
+    once a person answered (``pipelines.registry.approval``)."""
     folder, reg = RunFolder(run_dir), cfg.registry
     report = json.loads(require(folder.eval_report, "evaluate").read_text())
     registered = registry.register(cfg, run_dir, run_key, report, airflow)
     if refresh is not None:
         ledger.record(reg, registered, run_dir, refresh.parent_ledger, refresh.new)
+    if reg.approval == "required" and report["passed"]:
+        approval.mark_pending(reg, registered.version)
+        result = {**registered.record(None, f"{report['reason']}; waiting for a person's approval"),
+                  "approval": "pending"}
+        fsio.write_json(folder.registry_record, result)
+        return result
     outcome = registry.promote(reg, registered.version, report)
     if refresh is not None and isinstance(outcome, registry.ChampionMoved):
         outcome = registry.set_challenger(reg, registered.version, refresh.parent_moved(outcome))
@@ -52,15 +61,40 @@ def run(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | N
     return result
 
 
+def registry_record(run_dir: Path) -> dict[str, Any]:
+    """What registration made (``registry.json``); ``StageInputError`` before it ran."""
+    return json.loads(require(RunFolder(run_dir).registry_record, "register").read_text())
+
+
+def awaits_approval(run_dir: Path) -> bool:
+    """Whether this run's registration is waiting for a person (``registry.approval: required``)."""
+    return RunFolder(run_dir).registry_record.exists() and registry_record(run_dir).get("approval") == "pending"
+
+
+def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision) -> dict[str, Any]:
+    """Apply a person's decision (or the timeout) to the version this run registered pending approval."""
+    folder, record = RunFolder(run_dir), registry_record(run_dir)
+    if record.get("approval") not in ("pending", decision.choice):
+        raise StageInputError(f"{folder.registry_record}: version {record.get('version')} is not waiting for "
+                              f"approval (approval: {record.get('approval', 'auto')})")
+    report = json.loads(require(folder.eval_report, "evaluate").read_text())
+    outcome = approval.apply(cfg.registry, str(record["version"]), report, decision)
+    result = {**record, "alias": outcome.alias, "reason": outcome.reason, "approval": decision.choice,
+              "approval_by": decision.by, "approval_at": decision.at}
+    fsio.write_json(folder.registry_record, result)
+    return result
+
+
 def summary(run_dir: Path) -> str:
     """The registered run in a dozen lines, for a person at a terminal."""
     folder = RunFolder(run_dir)
     reg = json.loads(require(folder.registry_record, "register").read_text())
     ev = json.loads(folder.eval_report.read_text())
+    held = "waiting for a person's approval" if reg.get("approval") == "pending" else f"alias '{reg['alias']}'"
     c, b, g = ev["candidate"], ev["baseline"], ev["gate"]
     return "\n".join([
         "Taxiway run summary",
-        f"  registered model : {reg['model_name']} version {reg['version']} (alias '{reg['alias']}')",
+        f"  registered model : {reg['model_name']} version {reg['version']} ({held})",
         f"  model URI        : {reg['uri']}",
         f"  validation       : {c['loss']:.4f} nats/token, {c['bits_per_byte']:.4f} bits/byte, "
         f"perplexity {c['perplexity']:.2f}",

@@ -25,6 +25,7 @@ def register(run_dir: Path, run_key: str, airflow: dict[str, str] | None = None)
     runs = mlflow_sweep.log_sweep(stages.prepare.load_run_config(run_dir), run_dir, run_key, ranking, configs, airflow or {})
     best = next(r for r in ranking["members"] if r["member"] == ranking["best"])
     result = stages.register.run(configs[best["member"]], Path(best["run_dir"]), best["run_key"], airflow)
-    record = {**result, "sweep_member": best["member"], "sweep_point": best["point"], "parent_run_id": runs["parent"]}
+    record = {**result, "sweep_member": best["member"], "sweep_point": best["point"], "parent_run_id": runs["parent"],
+              "run_dir": best["run_dir"]}  # the member's folder: where an approval reads and decides
     fsio.write_json(folder.registry_record, record)
     return record

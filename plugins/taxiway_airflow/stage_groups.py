@@ -10,6 +10,7 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
+from taxiway_airflow.operators.approval import ApprovalGate
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
@@ -53,6 +54,14 @@ def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     return preflight, tokenize
 
 
+def approval_steps(run: Any, registered: Any) -> None:
+    """After ``registered``: a person's approval (``registry.approval: required``; skipped otherwise,
+    with the decision after it) and the decision applied to the aliases."""
+    gate = ApprovalGate(task_id="approval", run=run)
+    registered >> gate
+    with_links(tasks.decide.override(task_id="decision")(run, gate.output), REGISTER_LINKS)
+
+
 def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
     preflight, tokenize = data_stages(run)
@@ -76,7 +85,7 @@ def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
         with_links(tasks.evaluate.override(task_id="score")(run), EVALUATE_LINKS)
 
     with TaskGroup("register", **STAGES["register"]._asdict()) as register:
-        with_links(tasks.register.override(task_id="model_version")(run), REGISTER_LINKS)
+        approval_steps(run, with_links(tasks.register.override(task_id="model_version")(run), REGISTER_LINKS))
 
     tokenize >> train >> evaluate >> register
     return preflight, register

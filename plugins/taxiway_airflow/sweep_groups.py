@@ -13,6 +13,7 @@ from taxiway_airflow.links import MlflowRunLink, ModelVersionLink, with_links
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
+from taxiway_airflow.stage_groups import approval_steps
 from taxiway_airflow.tasks import sweep as sweep_tasks
 from taxiway_airflow.tasks import train as tasks
 
@@ -37,5 +38,6 @@ def sweep_stages(run: Any) -> tuple[Any, TaskGroup]:
     with TaskGroup("register", **STAGES["register_best"]._asdict()) as register:
         best = sweep_tasks.register_best.override(task_id="model_version")(run)
         with_links(best, (ModelVersionLink(), MlflowRunLink()))
+        approval_steps(best, best)  # the best member's folder (``run_dir`` of the record) holds its report
     sweep >> register
     return listed, register

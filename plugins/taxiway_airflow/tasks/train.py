@@ -13,6 +13,7 @@ from airflow.sdk.configuration import conf
 from pipelines import run_folder
 from pipelines.errors import CheckFailed
 from pipelines.refresh.plan import RefreshPlan
+from pipelines.registry import approval
 from pipelines.stages import evaluate as evaluate_stage
 from pipelines.stages import preflight as preflight_stage
 from pipelines.stages import register as register_stage
@@ -136,4 +137,15 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
     key = run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"])
     result = register_stage.run(load_run_config(run_dir), run_dir, key, airflow, RefreshPlan.of_run(run_dir))
     log.info("registered %s version %s as '%s'", result["model_name"], result["version"], result["alias"])
+    return result
+
+
+@task(**TASK)
+@translated
+def decide(run: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+    """The person's answer to ``register.approval`` applied: ``champion`` on an approval (while the champion
+    is still the model it was evaluated against), else ``challenger``; who, when and why on the version."""
+    run_dir = run_dir_of(run)
+    result = register_stage.decide(load_run_config(run_dir), run_dir, approval.Decision(**decision))
+    log.info("%s version %s %s: alias '%s'", result["model_name"], result["version"], result["approval"], result["alias"])
     return result

@@ -1,0 +1,82 @@
+"""The approval a deployment with ``registry.approval: required`` asks of a person before ``champion`` moves.
+
+An Airflow human-in-the-loop task: since 3.3 it waits in ``awaiting_input`` without holding a worker
+or a triggerer slot, answers in the UI's *Required actions* or over REST
+(``PATCH /api/v2/dags/{dag}/dagRuns/{run}/taskInstances/register.approval/-1/hitlDetails``), and the
+scheduler answers *Reject* for it once ``registry.approval_timeout_s`` passes. It shows what the
+person decides on: the evaluation report (both sets for a refresh) with links to the full report, the
+MLflow run and the model version. It is skipped, and the decision task with it, when the run's
+registration is not waiting for approval (``approval: auto``, or a gate that failed).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import HITLOperator
+from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowSkipException
+
+from pipelines.registry.approval import MAX_COMMENT
+from pipelines.run_folder import RunFolder
+from pipelines.stages import register as register_stage
+from pipelines.stages.prepare import load_run_config
+from taxiway_airflow.links import go_url
+from taxiway_airflow.tasks.common import run_dir_of
+
+APPROVE, REJECT = "Approve", "Reject"
+MAX_BODY = 20_000  # characters of the evaluation report shown in the request
+
+
+def body(run_dir: Any, dag_id: str, run_id: str) -> str:
+    """Markdown for the person: what registration says, the evaluation report, and where to look further."""
+    folder = RunFolder(run_dir)
+    record = register_stage.registry_record(run_dir)
+    report = folder.eval_summary.read_text(errors="replace") if folder.eval_summary.exists() else "(no report.md)"
+    if len(report) > MAX_BODY:
+        report = report[:MAX_BODY] + "\n\n… (cut; the full report is behind the link above)"
+    links = " · ".join(f"[{label}]({go_url(target, dag_id, run_id)})" for label, target in (
+        ("Evaluation report", "eval-report"), ("MLflow run", "mlflow-run"), ("Model version", "model-version")))
+    return (f"**{record['model_name']} version {record['version']}** passed its gate and waits for your approval "
+            f"to become `champion`. *Approve* moves the alias (only while the champion is still the model it was "
+            f"evaluated against); *Reject* leaves it `challenger`.\n\n{links}\n\n---\n\n{report}")
+
+
+class ApprovalGate(HITLOperator):
+    """Approve or reject the version this run registered, with an optional comment kept on the version."""
+
+    template_fields = ("subject", "body", "run")
+
+    def __init__(self, *, run: Any, **kwargs: Any) -> None:
+        kwargs.pop("params", None)  # the DAG's (the trigger form's): not what the person answers
+        super().__init__(subject="Approve a model version for champion", options=[APPROVE, REJECT],
+                         defaults=[REJECT],  # what the scheduler answers when the timeout passes
+                         params={"comment": Param(None, type=["null", "string"], maxLength=MAX_COMMENT, title="Comment",
+                                                  description="Why (kept on the model version as a tag)")},
+                         **kwargs)
+        self.run = run
+
+    def execute(self, context: Any) -> Any:
+        run_dir = run_dir_of(self.run)
+        if not register_stage.awaits_approval(run_dir):
+            raise AirflowSkipException("registration is not waiting for approval "
+                                       "(registry.approval is auto, or the gate did not pass)")
+        cfg = load_run_config(run_dir)
+        record = register_stage.registry_record(run_dir)
+        self.subject = f"Approve {record['model_name']} version {record['version']} as champion?"
+        self.body = body(run_dir, context["dag"].dag_id, context["run_id"])
+        self.response_timeout = timedelta(seconds=cfg.registry.approval_timeout_s)
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """The decision as ``pipelines.registry.approval.Decision`` takes it (a timeout answers *Reject*
+        for no one: ``timed_out``)."""
+        timed_out = bool(event.get("timedout"))
+        answer = super().execute_complete(context, event)
+        user = answer["responded_by_user"] or {}
+        at = answer["responded_at"] or datetime.now(UTC)
+        choice = "timed_out" if timed_out else "approved" if answer["chosen_options"] == [APPROVE] else "rejected"
+        return {"choice": choice, "by": None if timed_out else (user.get("name") or user.get("id")),
+                "at": at.astimezone(UTC).isoformat(timespec="seconds"),
+                "comment": str((answer["params_input"] or {}).get("comment") or "")[:MAX_COMMENT]}

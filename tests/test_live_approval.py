@@ -1,0 +1,92 @@
+"""``registry.approval: required`` on a live Airflow: a candidate that passes its gate waits in the
+human-in-the-loop task ``register.approval`` (state ``awaiting_input``: no worker or triggerer slot)
+until a person answers — in the UI's *Required actions* (approve, in a real browser) or over REST
+(reject, with a comment) — or the scheduler's timeout sweep answers *Reject* for no one (timed out).
+Only the approval moves ``champion``; who, when and the comment are tags on the version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from live_airflow import wait_for
+
+from conftest import sign_in
+
+DAG = "taxiway_train"
+MODEL = "live-approval"
+TIMEOUT_S = 20  # registry.approval_timeout_s of the timeout run's deployment config (the others': an hour)
+pytestmark = [pytest.mark.live, pytest.mark.browser]
+
+
+def hitl(run_id: str) -> str:
+    """The REST resource of a run's approval request."""
+    return f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/register.approval/-1/hitlDetails"
+
+
+def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, browser, shots: Path, monkeypatch):
+    live = live_airflow
+    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry
+    configs = {timeout: live.deployment_config(f"approval-{timeout}", f"registry:\n  model_name: {MODEL}\n"
+                                               f"  approval: required\n  approval_timeout_s: {timeout}\n")
+               for timeout in (TIMEOUT_S, 3600)}
+    runs = {}
+    for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3)):
+        own = configs[TIMEOUT_S if decision == "timeout" else 3600]
+        made = live.trigger(DAG, {"config": own, "train": {"seed": seed}})
+        assert made.status_code == 200, made.text
+        runs[decision] = made.json()["dag_run_id"]
+
+    def awaiting(run_id: str) -> bool:
+        state = live.task_instances(DAG, run_id).get("register.approval", {}).get("state")
+        assert state in (None, "scheduled", "queued", "running", "awaiting_input"), state
+        return state == "awaiting_input"
+
+    for decision in ("approve", "reject"):
+        wait_for(f"the {decision} run to wait for approval", lambda d=decision: awaiting(runs[d]), 300, every_s=2)
+
+    from pipelines.registry import client
+
+    c = client()
+    assert not c.get_registered_model(MODEL).aliases, "nothing moves while approvals wait"
+
+    # reject over REST, with a comment
+    answered = live.api.patch(hitl(runs["reject"]), json={"chosen_options": ["Reject"], "params_input": {"comment": "overfits"}})
+    assert answered.status_code == 200, answered.text
+
+    # approve in the browser, from the task's Required actions page
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(60_000)
+    try:
+        from playwright.sync_api import expect
+
+        sign_in(page, live.url, live.password)
+        page.goto(f"{live.url}/dags/{DAG}/runs/{quote(runs['approve'], safe='')}/tasks/register.approval/"
+                  "required_actions")
+        expect(page.get_by_text(f"Approve {MODEL} version").first).to_be_visible()
+        expect(page.get_by_text("passed its gate and waits for your approval").first).to_be_visible()
+        page.screenshot(path=shots / "approval-waiting.png", full_page=True)
+        page.get_by_role("textbox").first.fill("looks right")
+        page.get_by_role("button", name="Approve").click()
+        wait_for("the UI's answer to reach Airflow", lambda: live.api.get(hitl(runs["approve"])).json()[
+            "response_received"], 60, every_s=1)
+    except Exception:
+        page.screenshot(path=shots / "approval-at-failure.png", full_page=True)
+        raise
+
+    ended = {d: live.wait_run(DAG, r, timeout_s=240)["state"] for d, r in runs.items()}
+    assert ended == {"approve": "success", "reject": "success", "timeout": "success"}, ended
+    decided = {d: live.task_instances(DAG, r)["register.decision"]["state"] for d, r in runs.items()}
+    assert set(decided.values()) == {"success"}, decided
+
+    versions = {d: c.search_model_versions(f"name='{MODEL}' and tag.`airflow.run_id`='{r}'")[0]
+                for d, r in runs.items()}
+    tags = {d: mv.tags for d, mv in versions.items()}
+    champion = c.get_model_version_by_alias(MODEL, "champion")
+    assert champion.version == versions["approve"].version
+    assert tags["approve"]["taxiway.approval"] == "approved" and tags["approve"]["taxiway.approval.by"] == "admin"
+    assert tags["approve"]["taxiway.approval.comment"] == "looks right"
+    assert (tags["reject"]["taxiway.approval"], tags["reject"]["taxiway.approval.comment"]) == ("rejected", "overfits")
+    assert tags["timeout"]["taxiway.approval"] == "timed_out" and tags["timeout"]["taxiway.approval.by"] == "(timeout)"
+    assert f"registry.approval_timeout_s ({TIMEOUT_S} s)" in tags["timeout"]["taxiway.alias_reason"]
