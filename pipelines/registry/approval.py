@@ -5,7 +5,7 @@ holds no alias while an Airflow human-in-the-loop task waits. The decision is th
 under the champion lock like every alias move: *approve* moves ``champion`` only while the champion
 is still the model the version was evaluated against (for a refresh: its parent), so a person never
 approves a comparison that no longer holds; *reject* and a *timeout* leave it ``challenger``. Who
-decided, when and their comment are tags on the version (docs/registry.md).
+decided, when and their comment are tags on the version (docs/evaluation.md, "Approval").
 """
 
 from __future__ import annotations

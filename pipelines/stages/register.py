@@ -1,4 +1,4 @@
-"""Registration (docs/registry.md): the model logged and registered in MLflow with its lineage,
+"""Registration (docs/evaluation.md): the model logged and registered in MLflow with its lineage,
 then ``champion`` moved to it only on a pass (and, for a refresh, only while its parent holds it),
 else ``challenger``."""
 
