@@ -141,6 +141,7 @@ LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (mark
 # the longest modules first, so no long module starts last and runs alone (--durations=0 of each tier)
 SPREAD = ("test_live_cancel.py", "test_live_conf.py", "test_live_sweep.py")  # their tests share only live_airflow
 LONGEST_FIRST = ("test_live_kubernetes.py", "test_live_celery.py", "test_live_cancel.py::test_a_cancel_while_deferred", "test_live_ui.py",
+                 "test_live_approval.py",
                  "test_live_refresh.py", "test_live_cancel.py", "test_live_sweep.py::test_a_sweep_over_rest",
                  "test_live_standalone.py",
                  "test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_champion_locks.py",

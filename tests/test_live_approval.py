@@ -2,10 +2,14 @@
 human-in-the-loop task ``register.approval`` (state ``awaiting_input``: no worker or triggerer slot)
 until a person answers — in the UI's *Required actions* (approve, in a real browser) or over REST
 (reject, with a comment) — or the scheduler's timeout sweep answers *Reject* for no one (timed out).
-Only the approval moves ``champion``; who, when and the comment are tags on the version."""
+Only the approval moves ``champion``; who, when and the comment are tags on the version. An approval
+waiting past ``registry.approval_reminder_s`` is alerted to a local webhook receiver."""
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
@@ -16,8 +20,28 @@ from conftest import sign_in
 
 DAG = "taxiway_train"
 MODEL = "live-approval"
+HOOK = "approval_hook"  # the alert connection, made over REST
+REMIND_S = 5    # registry.approval_reminder_s
 TIMEOUT_S = 20  # registry.approval_timeout_s of the timeout run's deployment config (the others': an hour)
 pytestmark = [pytest.mark.live, pytest.mark.browser]
+
+
+class Hook(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.server.posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def webhook_receiver() -> ThreadingHTTPServer:
+    """A local webhook endpoint; what it was sent is in ``.posts``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    server.posts = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def hitl(run_id: str) -> str:
@@ -28,8 +52,14 @@ def hitl(run_id: str) -> str:
 def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, browser, shots: Path, monkeypatch):
     live = live_airflow
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry
+    hook = webhook_receiver()
+    made = live.api.post("/api/v2/connections", json={
+        "connection_id": HOOK, "conn_type": "http", "host": "127.0.0.1", "port": hook.server_port, "schema": "http",
+        "extra": json.dumps({"endpoint": "/hooks/approval"})})
+    assert made.status_code in (201, 409), made.text
     configs = {timeout: live.deployment_config(f"approval-{timeout}", f"registry:\n  model_name: {MODEL}\n"
-                                               f"  approval: required\n  approval_timeout_s: {timeout}\n")
+                                               f"  approval: required\n  approval_timeout_s: {timeout}\n"
+                                               f"  approval_reminder_s: {REMIND_S}\nalerts:\n  webhooks: [{HOOK}]\n")
                for timeout in (TIMEOUT_S, 3600)}
     runs = {}
     for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3)):
@@ -79,6 +109,11 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     assert ended == {"approve": "success", "reject": "success", "timeout": "success"}, ended
     decided = {d: live.task_instances(DAG, r)["register.decision"]["state"] for d, r in runs.items()}
     assert set(decided.values()) == {"success"}, decided
+
+    reminded = {json.loads(body)["run_id"] for body in hook.posts if json.loads(body)["event"] == "approval_waiting"}
+    assert runs["approve"] in reminded, hook.posts  # it waited for the browser far longer than REMIND_S
+    reminders = {d: live.task_instances(DAG, r)["register.approval_reminder"]["state"] for d, r in runs.items()}
+    assert set(reminders.values()) == {"success"}, reminders  # each ended with its approval, due or not
 
     versions = {d: c.search_model_versions(f"name='{MODEL}' and tag.`airflow.run_id`='{r}'")[0]
                 for d, r in runs.items()}

@@ -10,7 +10,7 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
-from taxiway_airflow.operators.approval import ApprovalGate
+from taxiway_airflow.operators.approval import ApprovalGate, ApprovalReminder
 from taxiway_airflow.operators.gang import TrainGang
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
@@ -56,9 +56,9 @@ def data_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
 
 def approval_steps(run: Any, registered: Any) -> None:
     """After ``registered``: a person's approval (``registry.approval: required``; skipped otherwise,
-    with the decision after it) and the decision applied to the aliases."""
+    with the decision after it), its reminder beside it, and the decision applied to the aliases."""
     gate = ApprovalGate(task_id="approval", run=run)
-    registered >> gate
+    registered >> [gate, ApprovalReminder(task_id="approval_reminder", run=run, approval_task_id=gate.task_id)]
     with_links(tasks.decide.override(task_id="decision")(run, gate.output), REGISTER_LINKS)
 
 

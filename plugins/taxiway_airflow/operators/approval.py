@@ -11,11 +11,12 @@ registration is not waiting for approval (``approval: auto``, or a gate that fai
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
-from airflow.sdk import Param
+from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowSkipException
 
 from pipelines.registry.approval import MAX_COMMENT
@@ -24,9 +25,17 @@ from pipelines.stages import register as register_stage
 from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.links import go_url
 from taxiway_airflow.tasks.common import run_dir_of
+from taxiway_airflow.triggers.approval import ApprovalReminderTrigger
 
+log = logging.getLogger(__name__)
 APPROVE, REJECT = "Approve", "Reject"
 MAX_BODY = 20_000  # characters of the evaluation report shown in the request
+
+
+def _not_waiting(run_dir: Any) -> None:
+    if not register_stage.awaits_approval(run_dir):
+        raise AirflowSkipException("registration is not waiting for approval "
+                                   "(registry.approval is auto, or the gate did not pass)")
 
 
 def body(run_dir: Any, dag_id: str, run_id: str) -> str:
@@ -59,9 +68,7 @@ class ApprovalGate(HITLOperator):
 
     def execute(self, context: Any) -> Any:
         run_dir = run_dir_of(self.run)
-        if not register_stage.awaits_approval(run_dir):
-            raise AirflowSkipException("registration is not waiting for approval "
-                                       "(registry.approval is auto, or the gate did not pass)")
+        _not_waiting(run_dir)
         cfg = load_run_config(run_dir)
         record = register_stage.registry_record(run_dir)
         self.subject = f"Approve {record['model_name']} version {record['version']} as champion?"
@@ -80,3 +87,35 @@ class ApprovalGate(HITLOperator):
         return {"choice": choice, "by": None if timed_out else (user.get("name") or user.get("id")),
                 "at": at.astimezone(UTC).isoformat(timespec="seconds"),
                 "comment": str((answer["params_input"] or {}).get("comment") or "")[:MAX_COMMENT]}
+
+
+class ApprovalReminder(BaseOperator):
+    """Beside the approval: an alert (``alerts.*``) once it has waited ``registry.approval_reminder_s``;
+    ends, quietly, as soon as the approval is answered (``ApprovalReminderTrigger``)."""
+
+    template_fields = ("run",)
+
+    def __init__(self, *, run: Any, approval_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run, self.approval_task_id = run, approval_task_id
+
+    def execute(self, context: Any) -> None:
+        run_dir = run_dir_of(self.run)
+        _not_waiting(run_dir)
+        wait_s = load_run_config(run_dir).registry.approval_reminder_s
+        remind_at = datetime.now(UTC) + timedelta(seconds=wait_s)
+        self.defer(trigger=ApprovalReminderTrigger(context["dag"].dag_id, context["run_id"], self.approval_task_id,
+                                                   remind_at.isoformat(), poll_s=max(1.0, min(60.0, wait_s / 4))),
+                   method_name="remind")
+
+    def remind(self, context: Any, event: dict[str, Any]) -> None:
+        if event["status"] != "due":
+            log.info("the approval was answered (%s) before its reminder was due", event.get("state"))
+            return
+        from taxiway_airflow.alerts.approval import approval_waiting  # smtplib, urllib: only when one is due
+
+        run_dir = run_dir_of(self.run)
+        cfg, record = load_run_config(run_dir), register_stage.registry_record(run_dir)
+        reached = approval_waiting(cfg.alerts, context["dag"].dag_id, context["run_id"], record["uri"],
+                                   cfg.registry.approval_reminder_s)
+        log.info("approval reminder for %s sent to %s", record["uri"], ", ".join(reached) or "no alert connection")
