@@ -40,7 +40,8 @@ def plan(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
     notes = [triage.summary()] + [f"{name} invalid: {why}" for name, why in invalid] + [
         f"{bid} dropped: {why}" for bid, why in known.items()] + [
         f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "
-        f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id"
+        f"refresh.max_attempts is {cfg.refresh.max_attempts}; fix it and land it under a new id, or release it "
+        "on the batches page (/taxiway/batches) to try it again"
         for b, runs in taken.quarantined] + [
         f"{b.id} held back: it failed before, and is tried alone after the batches that did not" for b in taken.held]
     new = taken.kept
