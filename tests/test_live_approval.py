@@ -80,6 +80,8 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
 
     c = client()
     assert not c.get_registered_model(MODEL).aliases, "nothing moves while approvals wait"
+    listed = {a["run_id"] for a in live.api.get("/taxiway/api/approvals").json()}  # the Training runs view's list
+    assert {runs["approve"], runs["reject"]} <= listed, listed
 
     # reject over REST, with a comment
     answered = live.api.patch(hitl(runs["reject"]), json={"chosen_options": ["Reject"], "params_input": {"comment": "overfits"}})

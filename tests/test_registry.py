@@ -492,6 +492,8 @@ def test_with_approval_required_only_a_persons_approval_moves_the_champion(model
     assert (tags["taxiway.approval"], tags["taxiway.approval.by"], tags["taxiway.approval.comment"]) == (
         "approved", "ada", "looks right")
     assert tags["taxiway.approval.at"] == "2026-12-05T03:00:00+00:00"
+    again = _register(weak, f"{name}-w")  # a cleared register task: the decision stands, no one is asked again
+    assert (again["version"], again["alias"], again["approval"]) == (approved["version"], "champion", "approved")
 
     medium, strong = _run(home, models["medium"], name, "m", required), _run(home, models["strong"], name, "s", required)
     for run_dir in (medium, strong):

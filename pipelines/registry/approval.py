@@ -47,6 +47,29 @@ class Decision:
         return f"not promoted: rejected by {self.by} at {self.at}"
 
 
+@dataclass(frozen=True)
+class Standing:
+    """A decision already on a version, and the alias it holds now (None: neither Taxiway alias)."""
+
+    choice: Choice
+    alias: str | None
+    reason: str
+
+
+def standing(reg: RegistryConfig, version: str) -> Standing | None:
+    """The decision a person (or the timeout) already made on ``version``, if any: a registration run
+    again after it (a cleared task) keeps it instead of asking again."""
+    def read() -> Standing | None:
+        mv = client().get_model_version(reg.model_name, version)
+        tags, aliases = mv.tags or {}, mv.aliases or []
+        if tags.get(TAG) in (None, "pending"):
+            return None
+        alias = next((a for a in (reg.champion_alias, reg.challenger_alias) if a in aliases), None)
+        return Standing(tags[TAG], alias, tags.get("taxiway.alias_reason", ""))
+
+    return with_retries(reg, "read the version's approval", read)
+
+
 def mark_pending(reg: RegistryConfig, version: str) -> None:
     """Tag a version that passed its gate as waiting for a person (no alias moves)."""
     with_retries(reg, "tag the version pending approval",

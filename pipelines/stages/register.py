@@ -38,9 +38,13 @@ def run(cfg: RunConfig, run_dir: Path, run_key: str, airflow: dict[str, str] | N
     if refresh is not None:
         ledger.record(reg, registered, run_dir, refresh.parent_ledger, refresh.new)
     if reg.approval == "required" and report["passed"]:
-        approval.mark_pending(reg, registered.version)
-        result = {**registered.record(None, f"{report['reason']}; waiting for a person's approval"),
-                  "approval": "pending"}
+        known = approval.standing(reg, registered.version)
+        if known is None:
+            approval.mark_pending(reg, registered.version)
+            result = {**registered.record(None, f"{report['reason']}; waiting for a person's approval"),
+                      "approval": "pending"}
+        else:
+            result = {**registered.record(known.alias, known.reason), "approval": known.choice}
         fsio.write_json(folder.registry_record, result)
         return result
     outcome = registry.promote(reg, registered.version, report)
@@ -71,18 +75,21 @@ def awaits_approval(run_dir: Path) -> bool:
     return RunFolder(run_dir).registry_record.exists() and registry_record(run_dir).get("approval") == "pending"
 
 
-def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision) -> dict[str, Any]:
-    """Apply a person's decision (or the timeout) to the version this run registered pending approval."""
+def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision, mirror: Path | None = None) -> dict[str, Any]:
+    """Apply a person's decision (or the timeout) to the version this run registered pending approval;
+    ``mirror``: another run folder whose record copies this one's (a sweep's, of its best member)."""
     folder, record = RunFolder(run_dir), registry_record(run_dir)
     if record.get("approval") not in ("pending", decision.choice):
         raise StageInputError(f"{folder.registry_record}: version {record.get('version')} is not waiting for "
                               f"approval (approval: {record.get('approval', 'auto')})")
     report = json.loads(require(folder.eval_report, "evaluate").read_text())
     outcome = approval.apply(cfg.registry, str(record["version"]), report, decision)
-    result = {**record, "alias": outcome.alias, "reason": outcome.reason, "approval": decision.choice,
-              "approval_by": decision.by, "approval_at": decision.at}
-    fsio.write_json(folder.registry_record, result)
-    return result
+    decided = {"alias": outcome.alias, "reason": outcome.reason, "approval": decision.choice,
+               "approval_by": decision.by, "approval_at": decision.at}
+    fsio.write_json(folder.registry_record, {**record, **decided})
+    if mirror is not None and mirror != run_dir:
+        fsio.write_json(RunFolder(mirror).registry_record, {**registry_record(mirror), **decided})
+    return {**record, **decided}
 
 
 def summary(run_dir: Path) -> str:

@@ -118,6 +118,8 @@ def why(exc: BaseException) -> str:
         return why(exc.reason)
     if isinstance(exc, smtplib.SMTPResponseException):
         return f"SMTP {exc.smtp_code}"
+    if isinstance(exc, ssl.SSLError):  # its text may name the server (a certificate's host)
+        return f"{type(exc).__name__} ({exc.reason or 'TLS failure'})"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__} ({exc.strerror})"
     return type(exc).__name__

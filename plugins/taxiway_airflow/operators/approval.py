@@ -61,7 +61,7 @@ class ApprovalGate(HITLOperator):
         kwargs.pop("params", None)  # the DAG's (the trigger form's): not what the person answers
         super().__init__(subject="Approve a model version for champion", options=[APPROVE, REJECT],
                          defaults=[REJECT],  # what the scheduler answers when the timeout passes
-                         params={"comment": Param(None, type=["null", "string"], maxLength=MAX_COMMENT, title="Comment",
+                         params={"comment": Param(None, type=["null", "string"], title="Comment",
                                                   description="Why (kept on the model version as a tag)")},
                          **kwargs)
         self.run = run
@@ -75,6 +75,13 @@ class ApprovalGate(HITLOperator):
         self.body = body(run_dir, context["dag"].dag_id, context["run_id"])
         self.response_timeout = timedelta(seconds=cfg.registry.approval_timeout_s)
         return super().execute(context)
+
+    def validate_params_input(self, params_input: Any) -> None:
+        """Airflow's REST answer checks the options only, and has already said 200: a comment that is too
+        long, not a string or beside unknown keys must not fail the approval afterwards. Only the comment
+        is kept, as text, cut to ``MAX_COMMENT``."""
+        comment = (params_input or {}).get("comment")
+        super().validate_params_input({"comment": None if comment is None else str(comment)[:MAX_COMMENT]})
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """The decision as ``pipelines.registry.approval.Decision`` takes it (a timeout answers *Reject*
@@ -102,7 +109,10 @@ class ApprovalReminder(BaseOperator):
     def execute(self, context: Any) -> None:
         run_dir = run_dir_of(self.run)
         _not_waiting(run_dir)
-        wait_s = load_run_config(run_dir).registry.approval_reminder_s
+        cfg = load_run_config(run_dir)
+        if not (cfg.alerts.email or cfg.alerts.webhooks):
+            raise AirflowSkipException("no alert connection (alerts.email, alerts.webhooks) to remind through")
+        wait_s = cfg.registry.approval_reminder_s
         remind_at = datetime.now(UTC) + timedelta(seconds=wait_s)
         self.defer(trigger=ApprovalReminderTrigger(context["dag"].dag_id, context["run_id"], self.approval_task_id,
                                                    remind_at.isoformat(), poll_s=max(1.0, min(60.0, wait_s / 4))),
@@ -115,7 +125,11 @@ class ApprovalReminder(BaseOperator):
         from taxiway_airflow.alerts.approval import approval_waiting  # smtplib, urllib: only when one is due
 
         run_dir = run_dir_of(self.run)
-        cfg, record = load_run_config(run_dir), register_stage.registry_record(run_dir)
+        try:
+            cfg, record = load_run_config(run_dir), register_stage.registry_record(run_dir)
+        except Exception as exc:  # the approval goes on; only its reminder is lost
+            log.warning("approval reminder not sent: the run folder could not be read (%s)", exc)
+            return
         reached = approval_waiting(cfg.alerts, context["dag"].dag_id, context["run_id"], record["uri"],
                                    cfg.registry.approval_reminder_s)
         log.info("approval reminder for %s sent to %s", record["uri"], ", ".join(reached) or "no alert connection")

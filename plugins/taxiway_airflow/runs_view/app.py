@@ -41,7 +41,6 @@ from taxiway_airflow.runs_view import approvals, mlflow_ui, render
 from taxiway_airflow.runs_view import folder as run_files
 
 DAG_IDS = ("taxiway_train", "taxiway_refresh", "taxiway_sweep")
-APPROVAL_DAGS = ("taxiway_train", "taxiway_refresh")  # the DAGs with a ``register.approval`` task
 MAX_RUNS = 100            # newest runs listed
 REQUEST_TIMEOUT_S = 8.0   # longest a request waits for files, the database or MLflow
 CACHE_TTL_S = 5.0         # status.json is rewritten every few seconds: fresher would only cost reads
@@ -160,8 +159,7 @@ def create_app() -> FastAPI:
         return await off_loop(("runs", user.get_id()), lambda: _rows(_readable(user)))
 
     async def waiting(user: Any) -> list[approvals.Approval]:
-        dags = tuple(d for d in _readable(user) if d in APPROVAL_DAGS)
-        return await off_loop(("approvals", user.get_id()), lambda: approvals.pending(dags))
+        return await off_loop(("approvals", user.get_id()), lambda: approvals.pending(_readable(user)))
 
     @app.get("/runs", response_class=HTMLResponse)
     async def runs(request: Request, user: GetUserDep) -> str:

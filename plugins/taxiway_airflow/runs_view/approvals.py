@@ -12,6 +12,7 @@ from urllib.parse import quote
 from airflow.models.hitl import HITLDetail
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
+from airflow.utils.state import TaskInstanceState
 from sqlalchemy import select
 
 from pipelines.run_folder import run_dir
@@ -59,7 +60,8 @@ def pending(dag_ids: tuple[str, ...]) -> list[Approval]:
                     TaskInstance.task_id, TaskInstance.map_index)
              .join(TaskInstance, HITLDetail.ti_id == TaskInstance.id)
              .where(TaskInstance.dag_id.in_(dag_ids), TaskInstance.task_id == APPROVAL_TASK,
-                    HITLDetail.responded_at.is_(None))
+                    HITLDetail.responded_at.is_(None),  # and still waiting, as Airflow's own list asks:
+                    TaskInstance.state.in_((TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)))
              .order_by(HITLDetail.created_at).limit(MAX_APPROVALS))
     with create_session() as session:
         rows = session.execute(query).all()

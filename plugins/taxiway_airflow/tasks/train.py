@@ -136,7 +136,8 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
     key = run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"])
     result = register_stage.run(load_run_config(run_dir), run_dir, key, airflow, RefreshPlan.of_run(run_dir))
-    log.info("registered %s version %s as '%s'", result["model_name"], result["version"], result["alias"])
+    log.info("registered %s version %s: %s", result["model_name"], result["version"],
+             "waiting for approval" if result.get("approval") == "pending" else f"alias '{result['alias']}'")
     return result
 
 
@@ -145,7 +146,8 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
 def decide(run: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
     """The person's answer to ``register.approval`` applied: ``champion`` on an approval (while the champion
     is still the model it was evaluated against), else ``challenger``; who, when and why on the version."""
-    run_dir = run_dir_of(run)
-    result = register_stage.decide(load_run_config(run_dir), run_dir, approval.Decision(**decision))
+    ctx, run_dir = get_current_context(), run_dir_of(run)
+    own = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])  # a sweep's, when ``run`` is its best member
+    result = register_stage.decide(load_run_config(run_dir), run_dir, approval.Decision(**decision), mirror=own)
     log.info("%s version %s %s: alias '%s'", result["model_name"], result["version"], result["approval"], result["alias"])
     return result

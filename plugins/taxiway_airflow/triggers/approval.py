@@ -4,7 +4,7 @@ reminder task never outlives the approval it watches.
 
 The approval itself waits in ``awaiting_input`` with no trigger at all; this trigger only reads the
 approval task's state through the Task SDK (as Airflow's own external-task trigger does), every
-``poll_s`` seconds."""
+``poll_s`` seconds. Nothing it meets fails the run: a reminder is a courtesy, not a stage."""
 
 from __future__ import annotations
 
@@ -41,7 +41,12 @@ class ApprovalReminderTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         due = datetime.fromisoformat(self.remind_at)
         while True:
-            state = await self._state()
+            try:
+                state = await self._state()
+            except Exception as exc:  # the api-server away for a moment must not fail a run that waits for days
+                self.log.warning("could not read the state of %s (%s); trying again in %.0f s",
+                                 self.task_id, type(exc).__name__, self.poll_s)
+                state = "awaiting_input"
             if state not in WAITING:
                 yield TriggerEvent({"status": "answered", "state": state})
                 return
