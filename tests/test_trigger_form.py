@@ -77,7 +77,7 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
             assert "null" in s["schema"]["type"], key  # a null value is the default, not a failed validation
     assert not [d for d in _descriptions(spec) if "``" in d]
     optional = {k for k, s in spec.items() if not _required(s)}
-    assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent", "refresh", "limits"))} <= optional
+    assert {"set", "parent", *(s for s in SECTIONS if s not in ("name", "parent", "refresh", "limits", "alerts"))} <= optional
     assert not [k for k, s in spec.items() if _required(s) and s["value"] in (None, "", [])]  # no required field empty
 
     assert _spec(served["taxiway_refresh"].params) == spec  # a refresh's own knobs are the deployment's
@@ -89,7 +89,7 @@ def test_the_form_offers_no_field_only_the_deployment_sets(served):
 
     for dag_id in ("taxiway_train", "taxiway_refresh", "taxiway_sweep"):
         spec = _spec(served[dag_id].params)
-        assert not {"refresh", "limits"} & set(spec), dag_id
+        assert not {"refresh", "limits", "alerts"} & set(spec), dag_id
         offered = [k.replace("_", ".", 1) for k in spec if "_" in k and k.split("_", 1)[0] in OWNED.keys() | {
             "eval", "registry", "compute"}]
         offered += [f"{name}.{k}" for name, s in spec.items() if isinstance(s["value"], dict) for k in s["value"]]

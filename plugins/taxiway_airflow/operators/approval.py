@@ -24,6 +24,7 @@ from pipelines.run_folder import RunFolder
 from pipelines.stages import register as register_stage
 from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.links import go_url
+from taxiway_airflow.params import DIALECT
 from taxiway_airflow.tasks.common import run_dir_of
 from taxiway_airflow.triggers.approval import ApprovalReminderTrigger
 
@@ -62,7 +63,8 @@ class ApprovalGate(HITLOperator):
         super().__init__(subject="Approve a model version for champion", options=[APPROVE, REJECT],
                          defaults=[REJECT],  # what the scheduler answers when the timeout passes
                          params={"comment": Param(None, type=["null", "string"], title="Comment",
-                                                  description="Why (kept on the model version as a tag)")},
+                                                  description="Why (kept on the model version as a tag)",
+                                                  **{"$schema": DIALECT})},
                          **kwargs)
         self.run = run
 

@@ -31,6 +31,7 @@ class ApprovalReminderTrigger(BaseTrigger):
                  "remind_at": self.remind_at, "poll_s": self.poll_s})
 
     async def _state(self) -> str | None:
+        # the Task SDK's runtime, as Airflow's own external-task trigger imports it: only in the triggerer
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
         from asgiref.sync import sync_to_async
 
