@@ -43,9 +43,14 @@ SCHEDULES = ("rewarm", "wsd")
 REFRESH = {"steps": 200, "warmup_steps": 20, "decay_steps": 40, "fresh_eval_fraction": 0.2}
 
 
-def _config(home: Path, schedule: str) -> Path:
+def _refresh(lr: float | None) -> dict:
+    """The refresh section of both chains; ``lr``: refresh.lr (unset: train.lr)."""
+    return {**REFRESH, **({"lr": lr} if lr else {})}
+
+
+def _config(home: Path, schedule: str, lr: float | None = None) -> Path:
     """The deployment's config for one chain: demo.yaml, the refresh section above, ``schedule``."""
-    body = "\n".join(f"  {k}: {v}" for k, v in {**REFRESH, "schedule": schedule}.items())
+    body = "\n".join(f"  {k}: {v}" for k, v in {**_refresh(lr), "schedule": schedule}.items())
     path = home / "deployment.yaml"
     path.write_text(f"extends: {DEMO}\nrefresh:\n{body}\n")
     return path
@@ -88,7 +93,7 @@ def base(root: Path) -> None:
     _stages(load_config(_config(root, "rewarm")), root / "runs" / "base", "base")
 
 
-def chain(home: Path, root: Path, schedule: str) -> list[dict]:
+def chain(home: Path, root: Path, schedule: str, lr: float | None) -> list[dict]:
     """Three refreshes under ``schedule`` in ``home`` (its own registry), from ``root``'s champion."""
     from pipelines import registry, stages
     from pipelines.config import load_config
@@ -98,7 +103,7 @@ def chain(home: Path, root: Path, schedule: str) -> list[dict]:
     for name in ("demo-data", "cache"):
         (home / name).symlink_to(root / name, target_is_directory=True)
     shutil.copytree(root / "runs" / "base", home / "runs" / "base", symlinks=True)
-    cfg = load_config(_config(home, schedule))
+    cfg = load_config(_config(home, schedule, lr))
     champion = home / "runs" / "base"  # registered with the config it was trained with: its checkpoint is found
     first = stages.register.run(stages.prepare.load_run_config(champion), champion, "base")
     assert first["alias"] == "champion", first
@@ -139,6 +144,7 @@ def _continued(run_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", type=Path, help="keep the homes here (default: a temporary folder)")
+    parser.add_argument("--refresh-lr", type=float, help="refresh.lr of both chains (default: unset, train.lr)")
     parser.add_argument("--part", nargs=2, help=argparse.SUPPRESS)  # base ROOT | SCHEDULE ROOT, in a child process
     args = parser.parse_args()
     if args.part:
@@ -146,7 +152,7 @@ def main() -> None:
         if what == "base":
             base(root)
         else:
-            print(json.dumps(chain(Path(os.environ["TAXIWAY_HOME"]), root, what)))
+            print(json.dumps(chain(Path(os.environ["TAXIWAY_HOME"]), root, what, args.refresh_lr)))
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="refresh-chain-"))
     started = time.perf_counter()
@@ -157,7 +163,8 @@ def main() -> None:
         env = {**os.environ, "TAXIWAY_HOME": str(home)}
         env.pop("MLFLOW_TRACKING_URI", None)
         print(f"{datetime.now(UTC).isoformat(timespec='seconds')} {what} starts", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--part", what, str(root)], env=env, stdout=subprocess.PIPE,
+        lr = ["--refresh-lr", str(args.refresh_lr)] if args.refresh_lr else []
+        proc = subprocess.run([sys.executable, __file__, "--part", what, str(root), *lr], env=env, stdout=subprocess.PIPE,
                               text=True)  # its stderr (one line per refresh, warnings) goes to ours: the log
         if proc.returncode:
             sys.exit(f"{what} failed (exit {proc.returncode})")
@@ -166,13 +173,16 @@ def main() -> None:
     part("base", root)
     chains = {s: json.loads(part(s, work / s).strip().splitlines()[-1]) for s in SCHEDULES}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    name = f"refresh_chain-lr{args.refresh_lr:g}" if args.refresh_lr else "refresh_chain"
+    flag = f" --refresh-lr {args.refresh_lr:g}" if args.refresh_lr else ""
     result = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
               "machine": f"{platform.node()} {os.cpu_count()} cores", "commit": commit,
-              "command": ".venv/bin/python bench/refresh_chain.py 2> bench/results/refresh_chain.log", "wall_s": round(time.perf_counter() - started, 1),
-              "config": {"extends": "configs/demo.yaml", "champion_steps": 300, "refresh": REFRESH,
+              "command": f".venv/bin/python bench/refresh_chain.py{flag} 2> bench/results/{name}.log",
+              "wall_s": round(time.perf_counter() - started, 1),
+              "config": {"extends": "configs/demo.yaml", "champion_steps": 300, "refresh": _refresh(args.refresh_lr),
                          "batches": list(BATCHES)},
               "chains": chains}
-    (REPO / "bench" / "results" / "refresh_chain.json").write_text(json.dumps(result, indent=2) + "\n")
+    (REPO / "bench" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
 
 

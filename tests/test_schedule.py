@@ -64,6 +64,20 @@ def test_a_wsd_refresh_must_fit_its_warmup_and_decay():
     RefreshConfig(schedule="rewarm", steps=30, warmup_steps=20, decay_steps=20)
 
 
+def test_a_refresh_trains_at_refresh_lr_else_train_lr(tmp_path: Path):
+    """``refresh.lr`` is the peak (rewarm) or stable (wsd) LR of every refresh, never below train.min_lr."""
+    from conftest import TINY
+    from pipelines.config import load_config
+    from pipelines.refresh.plan import refresh_config
+
+    cfg = load_config(TINY)
+    assert refresh_config(cfg, tmp_path, "models:/m/1").train.lr == cfg.train.lr
+    lower = load_config(TINY, [f"refresh.lr={cfg.train.lr / 4}"])
+    assert refresh_config(lower, tmp_path, "models:/m/1").train.lr == cfg.train.lr / 4
+    with pytest.raises(Exception, match="refresh.lr .* is below train.min_lr"):
+        load_config(TINY, [f"refresh.lr={cfg.train.min_lr / 2}"])
+
+
 def test_pruning_keeps_the_pinned_stable_checkpoint(tmp_path: Path):
     root = tmp_path / "checkpoints"
     for step in (4, 8, 12, 16):

@@ -256,7 +256,7 @@ class RefreshConfig(Section):
 
     steps: Bounded(10_000_000) = Field(200, description="Optimizer steps a refresh trains past the champion's global step")
     warmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] = Field(
-        20, description="Re-warmup from the champion's final LR up to train.lr, then decay to train.min_lr")
+        20, description="Re-warmup from the champion's final LR up to refresh.lr (else train.lr), then decay to train.min_lr")
     replay_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.25, description="Share of the refresh's train tokens that are replayed old documents (chosen by train.seed)")
     fresh_eval_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
@@ -271,8 +271,11 @@ class RefreshConfig(Section):
         None, gt=0.0, le=365 * 86400.0,
         description="A champion older than this while landed batches wait raises an alert (alerts.*); unset: never")
     decay_steps: Bounded(10_000_000) = Field(
-        40, description="wsd: the last steps of each refresh, which decay the LR from train.lr to train.min_lr "
+        40, description="wsd: the last steps of each refresh, which decay the LR from refresh.lr (else train.lr) to train.min_lr "
                         "(the released model); the state before them is what the next refresh continues")
+    lr: float | None = Field(
+        None, gt=0.0, le=10.0, description="Peak (rewarm) or stable (wsd) LR of a refresh; unset: train.lr. "
+                                           "Lower forgets less and learns the new data less (docs/refresh.md)")
     forgetting_batches: Annotated[int, Field(ge=0, le=64)] = Field(
         4, description="Earlier batches (newest first) whose held-out slices each refresh scores parent vs "
                        "candidate, to show forgetting; older ones are listed as left out")
@@ -308,6 +311,13 @@ class RunConfig(Section):
         if self.pack.seq_len > self.model.block_size:
             raise ValueError(
                 f"pack.seq_len ({self.pack.seq_len}) exceeds model.block_size ({self.model.block_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _refresh_lr_above_floor(self) -> RunConfig:
+        if self.refresh.lr is not None and self.refresh.lr < self.train.min_lr:
+            raise ValueError(f"refresh.lr ({self.refresh.lr}) is below train.min_lr ({self.train.min_lr}), "
+                             "where every refresh's LR ends")
         return self
 
     @model_validator(mode="after")

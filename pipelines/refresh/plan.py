@@ -149,13 +149,14 @@ def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
     """The deployment's config, continued from ``champion`` for ``refresh.steps`` with a short
     re-warmup, on the dataset ``assemble`` builds in the run folder, judged against that parent
     version itself (not whatever holds the alias when it is evaluated). ``refresh.schedule`` shapes
-    the LR from there (``launch.spec.lr_schedule``): rewarm decays over the whole refresh; wsd stays at
-    train.lr and decays only the last ``refresh.decay_steps``, continuing the parent's stable state."""
+    the LR from there (``launch.spec.lr_schedule``) around ``refresh.lr`` (else train.lr): rewarm decays
+    over the whole refresh; wsd stays there and decays only the last ``refresh.decay_steps``, continuing the parent's stable state."""
     data, r = layout(cfg, run_dir), cfg.refresh
     return cfg.model_copy(update={
         "parent": champion,
         "data": cfg.data.model_copy(update={"train": str(data.train), "val": str(data.val),
                                             "manifest": str(data.manifest)}),
-        "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps}),
+        "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps,
+                                              "lr": r.lr or cfg.train.lr}),
         "eval": cfg.eval.model_copy(update={"baseline": "parent"}),
     })
