@@ -32,6 +32,7 @@ def test_shoot_a_refresh_waiting_for_approval(postgres_db, browser, shots: Path,
     config = tmp_path / "configs" / "approval.yaml"
     config.parent.mkdir(parents=True)
     config.write_text(f"extends: {TINY}\nregistry:\n  approval: required\n")
+    monkeypatch.delenv("TAXIWAY_DATA_ROOTS", raising=False)  # the test's own (conftest): the deployment keeps its default
     live = LiveAirflow(tmp_path, metadata_uri=pg_uri(postgres_db), extra_env={"TAXIWAY_CONFIG": str(config)})
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))
     write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
@@ -42,11 +43,14 @@ def test_shoot_a_refresh_waiting_for_approval(postgres_db, browser, shots: Path,
     try:
         live.wait_dag(DAG)
         live.unpause(DAG)
-        made = live.trigger(DAG, {})
-        assert made.status_code == 200, made.text
-        run_id = made.json()["dag_run_id"]
-        wait_for("the refresh to wait for approval", lambda: live.task_instances(DAG, run_id).get(
-            "register.approval", {}).get("state") == "awaiting_input", 420, every_s=2)
+        assert live.trigger(DAG, {}).status_code == 200  # or the cron's run, made when the DAG is unpaused
+
+        def waiting() -> str | None:
+            runs = live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["dag_runs"]
+            return next((r["dag_run_id"] for r in runs if live.task_instances(DAG, r["dag_run_id"]).get(
+                "register.approval", {}).get("state") == "awaiting_input"), None)
+
+        run_id = wait_for("a refresh to wait for approval", waiting, 420, every_s=2)
         page = browser.new_page(viewport={"width": 1440, "height": 1100})
         page.set_default_timeout(60_000)
         sign_in(page, live.url, live.password)

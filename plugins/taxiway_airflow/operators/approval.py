@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import BaseOperator, Param
@@ -23,7 +24,7 @@ from pipelines.registry.approval import MAX_COMMENT
 from pipelines.run_folder import RunFolder
 from pipelines.stages import register as register_stage
 from pipelines.stages.prepare import load_run_config
-from taxiway_airflow.links import go_url
+from taxiway_airflow.links import ROUTE, airflow_base, go_url
 from taxiway_airflow.params import DIALECT
 from taxiway_airflow.tasks.common import run_dir_of
 from taxiway_airflow.triggers.approval import ApprovalReminderTrigger
@@ -44,6 +45,8 @@ def body(run_dir: Any, dag_id: str, run_id: str) -> str:
     folder = RunFolder(run_dir)
     record = register_stage.registry_record(run_dir)
     report = folder.eval_summary.read_text(errors="replace") if folder.eval_summary.exists() else "(no report.md)"
+    plot = f"{airflow_base()}{ROUTE}/runs/{quote(dag_id, safe='')}/{quote(run_id, safe='')}/comparison.png"
+    report = report.replace("](comparison.png)", f"]({plot})")  # report.md's own, relative to its folder
     if len(report) > MAX_BODY:
         report = report[:MAX_BODY] + "\n\n… (cut; the full report is behind the link above)"
     links = " · ".join(f"[{label}]({go_url(target, dag_id, run_id)})" for label, target in (
