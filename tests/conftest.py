@@ -261,3 +261,20 @@ def sign_in(page, url: str, password: str) -> None:
     page.locator("input[name=password]").fill(password)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda u: "/auth/" not in u)
+
+
+@pytest.fixture(scope="module")
+def refresh_dag(airflow_db, demo_data):
+    """taxiway_refresh as the DAG processor parses it, for the refresh tests' ``dag.test()`` runs."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_refresh"]
+
+
+@pytest.fixture(scope="module")
+def base_run(session_home: Path, demo_data: Path) -> Path:
+    """The champion-to-be of the refresh tests, trained once per session (before any test's own home exists)."""
+    from refresh_batches import CHAMPION_STEPS
+    from trained_models import make_run
+
+    return make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True)

@@ -8,24 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from refresh_batches import CHAMPION_STEPS, new_files, register_champion, source
-from trained_models import make_run
+from refresh_batches import new_files, register_champion, source
 
-from conftest import REPO, deployment_config
+from conftest import deployment_config
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def refresh_dag(airflow_db, demo_data):
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_refresh"]
-
-
-@pytest.fixture(scope="module")
-def base_run(session_home: Path, demo_data: Path) -> Path:
-    return make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True)
 
 
 def _as_if_trained(home: Path, champion: str, batches: list, seed: int, fraction: float) -> None:

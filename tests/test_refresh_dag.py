@@ -10,24 +10,10 @@ from pathlib import Path
 
 import pytest
 from refresh_batches import CHAMPION_STEPS, new_files, register_champion, source
-from trained_models import make_run
 
-from conftest import REPO, TINY, deployment_config
+from conftest import TINY, deployment_config
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def refresh_dag(airflow_db, demo_data):
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_refresh"]
-
-
-@pytest.fixture(scope="module")
-def base_run(session_home: Path, demo_data: Path) -> Path:
-    """The champion-to-be, trained once per session (before any test's own home exists)."""
-    return make_run(session_home, "refresh-base", CHAMPION_STEPS, preflight=True)
 
 
 @pytest.fixture
