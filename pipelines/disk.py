@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from pipelines.config import RunConfig
-from pipelines.config.limits import checkpoint_bytes
+from pipelines.config.limits import checkpoint_bytes, checkpoints_held
 from pipelines.errors import CheckFailed
 
 
@@ -52,11 +52,12 @@ def check_free(folder: Path, need_bytes: int, what: str) -> None:
 
 
 def check_training_room(cfg: RunConfig, checkpoints: Path) -> None:
-    """Room for the checkpoints a run holds at its peak (``checkpoint.keep_last_n`` kept plus the one
-    being written), less what its checkpoints folder already holds: a relaunch resumes from those."""
-    each, keep = checkpoint_bytes(cfg), cfg.checkpoint.keep_last_n
+    """Room for the checkpoints a run holds at its peak (``limits.checkpoints_held``: those kept, the one
+    being written, a wsd run's stable one), less what its checkpoints folder already holds: a relaunch
+    resumes from those."""
+    each, keep, peak = checkpoint_bytes(cfg), cfg.checkpoint.keep_last_n, checkpoints_held(cfg)
     held = _bytes_under(checkpoints)
-    need = max(each, (keep + 1) * each - held)
-    check_free(checkpoints, need, f"training ({keep + 1} checkpoints of ~{_size(each)}: checkpoint.keep_last_n={keep} "
-                                  f"kept + 1 being written, less {_size(held)} already there; a lower "
-                                  "checkpoint.keep_last_n needs less)")
+    need = max(each, peak * each - held)
+    check_free(checkpoints, need, f"training ({peak} checkpoints of ~{_size(each)}: checkpoint.keep_last_n={keep} "
+                                  f"kept + 1 being written{' + the wsd stable state' if peak > keep + 1 else ''}, "
+                                  f"less {_size(held)} already there; a lower checkpoint.keep_last_n needs less)")

@@ -97,6 +97,16 @@ def test_a_relaunch_counts_the_checkpoints_it_already_holds(tmp_path: Path, smal
     disk.check_training_room(cfg, room)  # those two are the run's: one more fits, as it did at the start
 
 
+def test_a_wsd_refresh_counts_the_stable_checkpoint_it_keeps(tmp_path: Path, small_disk):
+    """A run continuing a parent under ``refresh.schedule: wsd`` pins its stable (pre-decay) checkpoint for
+    the next refresh: one more than ``keep_last_n`` + the one being written."""
+    wsd = load_config(TINY, ["parent=models:/m/1", "refresh.schedule=wsd", "refresh.decay_steps=10"])
+    room = small_disk(tmp_path / "checkpoints", int(3.5 * disk.checkpoint_bytes(wsd)))
+    disk.check_training_room(load_config(TINY, ["parent=models:/m/1"]), room)  # rewarm: three fit
+    with pytest.raises(disk.DiskFull, match=r"4 checkpoints .*\+ the wsd stable state"):
+        disk.check_training_room(wsd, room)
+
+
 def test_a_checkpoint_that_fills_the_disk_leaves_nothing_torn(tmp_path: Path, small_disk):
     cfg = load_config(TINY)
     room = small_disk(tmp_path / "checkpoints", disk.checkpoint_bytes(cfg) // 2)  # model.pt fits, optim.pt not

@@ -55,6 +55,12 @@ def checkpoint_bytes(cfg: Any) -> int:
             + ranks * RNG_BYTES + EXTRA_BYTES)
 
 
+def checkpoints_held(cfg: Any) -> int:
+    """Checkpoints a run holds at its peak: ``checkpoint.keep_last_n`` kept, the one being written, and
+    under a wsd schedule the stable (pre-decay) one, pinned for the next refresh."""
+    return cfg.checkpoint.keep_last_n + 1 + (cfg.lr_schedule == "wsd")
+
+
 def problems(cfg: Any) -> list[str]:
     """Every way ``cfg`` exceeds its ``limits`` (a RunConfig; empty when it fits), by field name."""
     lim: LimitsConfig = cfg.limits
@@ -67,8 +73,8 @@ def problems(cfg: Any) -> list[str]:
     if (n := parameters(cfg.model, cfg.tokenizer.vocab_size)) > lim.parameters:
         out.append(f"the model (model.*, tokenizer.vocab_size) has {n:,} parameters, over limits.parameters "
                    f"({lim.parameters:,})")
-    disk = (cfg.checkpoint.keep_last_n + 1) * checkpoint_bytes(cfg)
+    keep, peak = cfg.checkpoint.keep_last_n, checkpoints_held(cfg)
+    disk = peak * checkpoint_bytes(cfg)
     if disk > lim.checkpoint_disk_gb * GB:
-        out.append(f"checkpoint.keep_last_n ({cfg.checkpoint.keep_last_n}) + 1 checkpoints take about "
-                   f"{disk / GB:.1f} GB, over limits.checkpoint_disk_gb ({lim.checkpoint_disk_gb:g})")
+        out.append(f"checkpoint.keep_last_n ({keep}) + {peak - keep} checkpoints take about {disk / GB:.1f} GB, over limits.checkpoint_disk_gb ({lim.checkpoint_disk_gb:g})")
     return out

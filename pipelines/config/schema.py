@@ -306,6 +306,12 @@ class RunConfig(Section):
     alerts: AlertsConfig = AlertsConfig()
     parent: str | None = Field(None, max_length=512, description="models:/ URI to continue training from")
 
+    @property
+    def lr_schedule(self) -> Literal["rewarm", "wsd"]:
+        """The LR schedule's kind: ``refresh.schedule`` shapes every run that continues a parent (a
+        refresh above all); a run from scratch keeps ``train``'s warmup and decay (``rewarm``)."""
+        return self.refresh.schedule if self.parent else "rewarm"
+
     @model_validator(mode="after")
     def _context_fits(self) -> RunConfig:
         if self.pack.seq_len > self.model.block_size:

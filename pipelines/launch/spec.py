@@ -56,9 +56,8 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
 
 
 def lr_schedule(cfg: RunConfig) -> dict[str, object]:
-    """The LR schedule's kind (``trainer.spec.ScheduleSettings``): ``refresh.schedule`` shapes every run
-    that continues a parent (a refresh above all); a run from scratch keeps ``train``'s warmup and decay."""
-    if cfg.parent and cfg.refresh.schedule == "wsd":
+    """The LR schedule (``trainer.spec.ScheduleSettings``) of ``cfg.lr_schedule``'s kind."""
+    if cfg.lr_schedule == "wsd":
         return {"kind": "wsd", "decay_steps": cfg.refresh.decay_steps}
     return {"kind": "rewarm", "decay_steps": 0}
 
