@@ -2,7 +2,9 @@
 
 A trigger's conf is typed by anyone who may trigger the DAG, and the task reads what it names
 with the worker's rights. So a triggered run's config file and every file it ``extends:`` must
-lie inside a config root (the repo's ``configs/`` plus ``TAXIWAY_CONFIG_ROOTS``), and its data
+lie inside a config root (the deployment's config's folder, plus ``TAXIWAY_CONFIG_ROOTS``; the repo's
+``configs/`` only where the deployment's config lives there), and be one the deployment lists
+(``pipelines.config.deployment``); its data
 paths inside a data root (``TAXIWAY_DATA_ROOTS``, default ``TAXIWAY_HOME``'s ``data/``,
 ``demo-data/`` and ``landing/``, never its runs, cache, Airflow home or MLflow store). A data path
 may not hold a ``..`` segment; it is compared after symlinks are resolved, and so is every file a
@@ -58,9 +60,9 @@ class Roots:
 
     @classmethod
     def from_env(cls) -> Roots:
-        default = os.environ.get("TAXIWAY_CONFIG")  # the deployment's own default config is trusted
-        configs = (REPO / "configs", *(Path(p) for p in _env_list(CONFIG_ROOTS_ENV)),
-                   *([Path(default).parent] if default else []))
+        # the deployment's own config's folder, and the repo's configs/ only when that is it
+        default = Path(os.environ.get("TAXIWAY_CONFIG") or REPO / "configs" / "demo.yaml")
+        configs = (*(Path(p) for p in _env_list(CONFIG_ROOTS_ENV)), default.parent)
         data = _env_list(DATA_ROOTS_ENV) or [str(taxiway_home() / name) for name in DEFAULT_DATA]
         return cls(tuple(_real(p) for p in configs),
                    tuple(p.rstrip("/") if _is_uri(p) else str(_real(p)) for p in data))
@@ -73,15 +75,15 @@ class Roots:
     def config_file(self, name: str) -> Path:
         """The config a trigger names: absolute, or relative to the repo or to a config root."""
         if not name.endswith((".yaml", ".yml")):
-            raise OutOfBounds(f"config {name!r}: not a .yaml/.yml file")
+            raise OutOfBounds(f"config {name[:200]!r}: not a .yaml/.yml file")
         candidates = [Path(name)] if Path(name).is_absolute() else [REPO / name, *(r / name for r in self.configs)]
         inside = [c for c in candidates if self.inside_configs(c)]
         if not inside:
-            raise OutOfBounds(f"config {name!r}: outside the config roots ({self.describe_configs()})")
+            raise OutOfBounds(f"config {name[:200]!r}: outside the config roots")
         for candidate in inside:
             if candidate.is_file():
                 return _real(candidate)
-        raise OutOfBounds(f"config {name!r}: no such file in the config roots ({self.describe_configs()})")
+        raise OutOfBounds(f"config {name[:200]!r}: no such file in the config roots")
 
     def config_name(self, path: str | Path) -> str:
         """How a trigger names the config file ``path``: relative to the repo, else to a config root (the
@@ -97,17 +99,6 @@ class Roots:
                 except OutOfBounds:
                     pass
         return str(real)
-
-    def config_files(self) -> list[str]:
-        """Every config file in the roots, each as ``config_name`` names it: the trigger form's choices."""
-        found = []
-        for root in self.configs:
-            for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
-                found.append(self.config_name(path))
-        return list(dict.fromkeys(found))
-
-    def describe_configs(self) -> str:
-        return ", ".join(str(r) for r in self.configs) + f"; add folders with {CONFIG_ROOTS_ENV}"
 
     # data paths ---------------------------------------------------------------------------------
     def inside_data(self, path: str) -> bool:

@@ -19,6 +19,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       model/                         the exported model (weights + tokenizer files)
       eval/                          report.json, report.md, comparison.png, baseline/ (the downloaded baseline)
       registry.json                  what registration made (MLflow run, model version, alias)
+      approval.json                  a person's answer to the approval, from Airflow's human-in-the-loop record
       failure.json                   the first failure's summary (per try): stage, reason, what next
       refresh/plan.json              a refresh's batches: new, re-sent, changed (taxiway_refresh)
       refresh/data/, assembled.json  its dataset (new train files, the fixed val, fresh/ held out)
@@ -235,6 +236,11 @@ class RunFolder:
     @property
     def registry_record(self) -> Path:
         return self.root / "registry.json"
+
+    @property
+    def approval_answer(self) -> Path:
+        """A person's answer to the approval, as Airflow's human-in-the-loop record holds it."""
+        return self.root / "approval.json"
 
     @property
     def failure_summary(self) -> Path:

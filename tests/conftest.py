@@ -16,12 +16,16 @@ tests only (``tmp_path_retention_policy`` in ``pyproject.toml``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -129,12 +133,37 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def deployment_config(folder: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
-    """A deployment's config file extending the tiny one with ``body`` (YAML), in a config root of its
-    own: how a test sets what only the deployment may (the gate, the registry, limits; docs/security.md)."""
+    """The deployment's config file (``TAXIWAY_CONFIG``) for the rest of the test: the tiny one extended
+    with ``body`` (YAML), in a config root of its own. How a test sets what only the deployment may (the
+    gate, the registry, limits; docs/security.md); a conf naming it names the deployment's own."""
     path = folder / "deployment.yaml"
     path.write_text(f"extends: {TINY}\n{body}")
     monkeypatch.setenv("TAXIWAY_CONFIG_ROOTS", str(folder))
+    monkeypatch.setenv("TAXIWAY_CONFIG", str(path))
     return str(path)
+
+
+def as_deployment(cfg: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``cfg`` (a RunConfig) as the deployment's own config (``TAXIWAY_CONFIG``): what a test that builds a
+    run folder by hand for a task needs, since a task holds its folder's config to the deployment's."""
+    path = folder / "deployment.yaml"
+    path.write_text(cfg.to_yaml())
+    monkeypatch.setenv("TAXIWAY_CONFIG", str(path))
+    return path
+
+
+@contextlib.contextmanager
+def in_task(dag_id: str, run_id: str, triggered_by: str | None = None) -> Iterator[Path]:
+    """The Airflow context a task reads its DAG run from, for a task function or operator called outside
+    a DAG run; yields that run's folder (where the task derives it)."""
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from pipelines import run_folder
+
+    ctx = {"dag": SimpleNamespace(dag_id=dag_id), "run_id": run_id,
+           "dag_run": SimpleNamespace(triggering_user_name=triggered_by, conf={})}
+    with set_current_context(ctx):
+        yield run_folder.run_dir(dag_id, run_id)
 
 
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)

@@ -92,8 +92,8 @@ def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_un
     assert _links(dr, "train.gang") == {"taxiway_link_mlflow-run": f"/taxiway/go/mlflow-run/taxiway_train/{quoted}"}
 
     parent = f"models:/taxiway-tiny-gpt/{reg['version']}"
-    strict = tmp_path / "strict.yaml"  # beside the first: the same deployment's config root
-    strict.write_text(f"extends: {TINY}\neval:\n  floor: unigram\n  min_improvement: 50\n")
+    (tmp_path / "strict").mkdir()  # the deployment's gate made stricter between the two runs
+    strict = deployment_config(tmp_path / "strict", monkeypatch, "eval:\n  floor: unigram\n  min_improvement: 50\n")
     child = dag.test(run_conf={"config": str(strict), "parent": parent, "train": {"steps": 4, "parallel": "fsdp"},
                                "compute": {"nodes": 1, "procs_per_node": 2}})
     assert str(child.state) == "success", _states(child)

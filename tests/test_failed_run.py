@@ -51,11 +51,13 @@ def failed(airflow_db, demo_data: Path, session_home: Path, tmp_path_factory) ->
     victim = sorted((data / "val").iterdir())[0]
     victim.write_bytes(victim.read_bytes() + b"\n# tampered\n")
     roots = os.pathsep.join([str(home), str(demo_data), str(root)])
-    conf = {"config": str(TINY), "data": {"train": str(data / "train"), "val": str(data / "val"),
-                                          "manifest": str(data / "manifest.jsonl")},
-            "set": ["preflight.shard_bytes=1500000"]}  # the 160-file corpus: 2 train shards, 1 val
+    deployment = root / "deployment.yaml"  # the deployment's data (its val set is the gate's: docs/security.md)
+    deployment.write_text(f"extends: {TINY}\ndata:\n  train: {data / 'train'}\n  val: {data / 'val'}\n"
+                          f"  manifest: {data / 'manifest.jsonl'}\n")
+    conf = {"set": ["preflight.shard_bytes=1500000"]}  # the 160-file corpus: 2 train shards, 1 val
     collect = _Collect()
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TAXIWAY_CONFIG", str(deployment))
         mp.setenv("TAXIWAY_HOME", str(home))
         mp.setenv("TAXIWAY_DATA_ROOTS", roots)
         logging.getLogger().addHandler(collect)

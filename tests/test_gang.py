@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from trainer_corpus import gang_pids, write_corpus
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, as_deployment, in_task
 from pipelines.config import load_config
 from pipelines.launch import local
 from pipelines.launch.spec import launch_spec, write_trainer_spec
@@ -132,37 +132,37 @@ class _RunningTI:
         return {run_id: {task_id: "running" for task_id in task_ids} for run_id in run_ids}
 
 
-def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed, tmp_path: Path):
+def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed, tmp_path: Path, monkeypatch):
     from airflow.sdk.exceptions import TaskDeferred
 
     from pipelines import stages
     from taxiway_airflow.operators.gang import TrainGang
-
-    cfg, path = packed
-    run_dir = tmp_path / "reattach"
-    stages.prepare.prepare(cfg, run_dir)
     from trainer import fsio
 
-    fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
-    store = _Store()
-    context = {"task_state_store": store, "run_id": "manual__reattach", "ti": _RunningTI()}
-    first = TrainGang(task_id="gang", run={"run_dir": str(run_dir)})
-    with pytest.raises(TaskDeferred):
-        first.execute(context)
-    handle = local.Handle.load(local.handle_path(run_dir))
-    try:
-        _wait_step(run_dir, handle, 1)
-        before = sorted(gang_pids(handle.gang_id))
-        # The worker holding attempt 1 dies; the retry runs the operator again from scratch.
-        second = TrainGang(task_id="gang", run={"run_dir": str(run_dir)})
-        with pytest.raises(TaskDeferred) as deferred:
-            second.execute(context)
-        again = local.Handle.load(local.handle_path(run_dir))
-        assert again.gang_id == handle.gang_id and again.attempt == 1
-        assert sorted(gang_pids(handle.gang_id)) == before
-        assert deferred.value.trigger.watch["gang_json"] == str(handle.path)
-    finally:
-        local.cleanup(handle, grace_s=30)
+    cfg, path = packed
+    as_deployment(cfg, tmp_path, monkeypatch)
+    with in_task("taxiway_train", "manual__reattach") as run_dir:
+        stages.prepare.prepare(cfg, run_dir)
+        fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(path), "key": "k", "cache_hit": True})
+        store = _Store()
+        context = {"task_state_store": store, "run_id": "manual__reattach", "ti": _RunningTI()}
+        first = TrainGang(task_id="gang", run={"run_dir": str(tmp_path / "elsewhere")})  # an XCom names no folder
+        with pytest.raises(TaskDeferred):
+            first.execute(context)
+        handle = local.Handle.load(local.handle_path(run_dir))
+        try:
+            _wait_step(run_dir, handle, 1)
+            before = sorted(gang_pids(handle.gang_id))
+            # The worker holding attempt 1 dies; the retry runs the operator again from scratch.
+            second = TrainGang(task_id="gang", run={})
+            with pytest.raises(TaskDeferred) as deferred:
+                second.execute(context)
+            again = local.Handle.load(local.handle_path(run_dir))
+            assert again.gang_id == handle.gang_id and again.attempt == 1
+            assert sorted(gang_pids(handle.gang_id)) == before
+            assert deferred.value.trigger.watch["gang_json"] == str(handle.path)
+        finally:
+            local.cleanup(handle, grace_s=30)
 
 
 def _kill_then_stop(run_dir: Path, record: dict) -> None:

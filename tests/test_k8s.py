@@ -27,7 +27,7 @@ from fake_kube import FakeKube
 from live_airflow import wait_for
 from trainer_corpus import write_corpus
 
-from conftest import REPO, TINY, taxiway
+from conftest import REPO, TINY, as_deployment, in_task, taxiway
 from pipelines.config import ConfigError, load_config
 from pipelines.launch import k8s
 
@@ -344,25 +344,25 @@ def test_trigger_round_trips_through_serialization():
     assert type(again) is GangJobTrigger and again.serialize() == (path, kwargs)
 
 
-def test_run_folder_must_be_on_the_pods_volume(tmp_path: Path):
+def test_run_folder_must_be_on_the_pods_volume(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from pipelines import stages
     from pipelines.errors import BadInput
     from taxiway_airflow.tasks.kubernetes import render_for_run
 
-    cfg = load_config(TINY, [*BASE, "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={tmp_path}"])
-    stages.prepare.prepare(cfg, tmp_path / "runs" / "r1")
-    _, gang = render_for_run({"run_dir": str(tmp_path / "runs" / "r1")}, "r1", 1)
-    assert gang.pod_spec["containers"][0]["args"][-1] == str(tmp_path / "runs" / "r1" / "train" / "spec.json")
-
-    elsewhere = load_config(TINY, [*BASE, "compute.launcher=kubernetes"])  # mount_path /taxiway
-    stages.prepare.prepare(elsewhere, tmp_path / "runs" / "r2")
-    with pytest.raises(BadInput, match="not under compute.kubernetes.mount_path"):
-        render_for_run({"run_dir": str(tmp_path / "runs" / "r2")}, "r2", 1)
-
-    local = load_config(TINY, BASE)
-    stages.prepare.prepare(local, tmp_path / "runs" / "r3")
-    with pytest.raises(BadInput, match="compute.launcher is 'local'"):
-        render_for_run({"run_dir": str(tmp_path / "runs" / "r3")}, "r3", 1)
+    cases = ((["compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}"], None),
+             (["compute.launcher=kubernetes"], "not under compute.kubernetes.mount_path"),  # mount_path /taxiway
+             ([], "compute.launcher is 'local'"))
+    for i, (sets, why) in enumerate(cases):
+        cfg = load_config(TINY, [*BASE, *sets])
+        as_deployment(cfg, tmp_path, monkeypatch)
+        with in_task("taxiway_train", f"r{i}") as run_dir:
+            stages.prepare.prepare(cfg, run_dir)
+            if why is None:
+                _, gang = render_for_run({}, f"r{i}", 1)
+                assert gang.pod_spec["containers"][0]["args"][-1] == str(run_dir / "train" / "spec.json")
+            else:
+                with pytest.raises(BadInput, match=why):
+                    render_for_run({}, f"r{i}", 1)
 
 
 # --- the DAG, parsed for a Kubernetes deployment -----------------------------------------------
@@ -474,19 +474,21 @@ def fake_kube(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def k8s_run(home: Path):
-    """A prepared and tokenized run folder under the pods' mount path (this test's TAXIWAY_HOME), 1 node, 6 steps."""
+def k8s_run(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A prepared and tokenized run folder under the pods' mount path (this test's TAXIWAY_HOME), 1 node, 6
+    steps, as the task of run ``RUN_ID`` finds it (its config the deployment's); the test runs in that task."""
     from pipelines import stages, tokenize
     from trainer import fsio
 
     cfg = load_config(TINY, [*BASE, *write_corpus(home / "corpus"), "train.steps=6", "checkpoint.every_steps=3", "compute.nodes=1",
                              "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}",
                              "compute.kubernetes.connection_id=taxiway_fake_k8s"])
-    run_dir = home / "runs" / "k8s-run"
-    stages.prepare.prepare(cfg, run_dir)
-    packed = tokenize.pack_splits(cfg).path
-    fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
-    return {"run_dir": str(run_dir)}
+    as_deployment(cfg, tmp_path, monkeypatch)
+    with in_task("taxiway_train", RUN_ID) as run_dir:
+        stages.prepare.prepare(cfg, run_dir)
+        packed = tokenize.pack_splits(cfg).path
+        fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
+        yield {"config_sha256": cfg.sha256()}
 
 
 def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_run: dict[str, str],

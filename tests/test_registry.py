@@ -19,6 +19,7 @@ from postgres import create_db, drop_db, pg_uri
 from trained_models import clone_run, make_run
 
 from conftest import REPO, TINY, cli
+from pipelines.errors import CheckFailed
 
 
 @pytest.fixture
@@ -462,12 +463,13 @@ def test_no_credential_in_a_uri_leaves_redacted_or_reaches_a_browser(uri: str, l
         assert without_credentials(uri) == browsed
 
 
-def _decide(run_dir: Path, choice: str, by: str | None, comment: str = "") -> dict:
+def _decide(run_dir: Path, choice: str, by: str | None, comment: str = "", triggered_by: str | None = "tom") -> dict:
     from pipelines import stages
     from pipelines.registry.approval import Decision
 
     return stages.register.decide(stages.prepare.load_run_config(run_dir), run_dir,
-                                  Decision(choice, by, "2026-12-05T03:00:00+00:00", comment))
+                                  Decision(choice, by, "2026-12-05T03:00:00+00:00", comment, by_id=by),
+                                  triggered_by=triggered_by)
 
 
 def test_with_approval_required_only_a_persons_approval_moves_the_champion(models, home: Path, monkeypatch):
@@ -479,12 +481,20 @@ def test_with_approval_required_only_a_persons_approval_moves_the_champion(model
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'registry-tests.db'}")
     c, name = client(), _unique("approval")
     required = "registry.approval=required"
-    weak = _run(home, models["weak"], name, "w", required)
+    weak = _run(home, models["weak"], name, "w", required, "registry.approvers=[ada, bob, eve]")
     assert _evaluate(weak)["passed"]
     pending = _register(weak, f"{name}-w")
     assert pending["approval"] == "pending" and pending["alias"] is None
     assert c.get_model_version(name, pending["version"]).tags["taxiway.approval"] == "pending"
     assert not c.get_registered_model(name).aliases, "nothing moves before a person answers"
+    # separation of duties: neither the run's own triggering user nor anyone the deployment did not name
+    for by, triggered_by, why in (("ada", "ada", "triggered this run"), ("mallory", "tom", "not one of registry.approvers")):
+        with pytest.raises(CheckFailed, match=why):
+            _decide(weak, "approved", by, triggered_by=triggered_by)
+        record = json.loads((weak / "registry.json").read_text())
+        assert record["approval"] == "pending" and record["approval_refused"]["by"] == by
+        assert c.get_model_version(name, pending["version"]).tags["taxiway.approval"] == "pending"
+        assert not c.get_registered_model(name).aliases
 
     approved = _decide(weak, "approved", "ada", "looks right")
     assert approved["alias"] == "champion" and approved["approval"] == "approved"

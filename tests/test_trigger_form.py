@@ -56,7 +56,10 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
     assert "learning rate" in lr["description"].lower() and "[train.lr]" in lr["description"]
     assert spec["train_steps"]["schema"].items() >= {"type": "integer", "minimum": 1}.items() and spec["train_steps"]["value"] == 30
     assert spec["train_decay"]["schema"]["enum"] == ["cosine", "linear"]
-    assert spec["preflight_action"]["schema"]["values_display"]["decontaminate"].startswith("drop")
+    assert spec["train_parallel"]["schema"]["values_display"]["fsdp"].startswith("FSDP2")
+    from pipelines.config.trust import owner_reason  # the gate's set and what keeps it clean are the deployment's
+    assert not [k for k, f in ((f.key, f) for fs in GROUPS.values() for f in fs) if owner_reason(f.path)]
+    assert not {"data_val", "preflight_action", "preflight_max_overlap_fraction"} & set(spec)
     assert spec["train_steps"]["schema"]["maximum"] == 10_000_000  # every size has a ceiling
     assert spec["tokenizer_vocab_size"]["schema"].items() >= {"minimum": 260, "maximum": 1_048_576}.items()
     assert spec["model_dropout"]["schema"].items() >= {"minimum": 0.0, "maximum": 1.0}.items()

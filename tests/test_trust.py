@@ -70,6 +70,7 @@ def test_values_a_trigger_sends_are_never_read_from_the_environment(planted, dem
     with pytest.raises(ConfigError) as err:
         points.members(cfg, [{"compute.kubernetes.labels": {"a": "${SECRET_DB_URL}"}}, {"train.lr": 0.01}])
     assert "sweep[0].compute.kubernetes.labels" in str(err.value) and SECRET not in str(err.value)
+    monkeypatch.setenv("TAXIWAY_CONFIG", str(TINY))  # a deployment that allows nothing
     with pytest.raises(ConfigError, match=r"sweep\[0\].compute.kubernetes.labels: only the deployment"):
         points.members(_config({}), [{"compute.kubernetes.labels": {"a": "x"}}, {"train.lr": 0.01}])
 
@@ -203,7 +204,10 @@ def test_the_security_docs_table_lists_every_field_with_its_owner():
                 f"{prefix}{name}"]
         return out
 
+    from pipelines.config.trust import table
+
     text = (REPO / "docs" / "security.md").read_text()
+    assert table() in text, "docs/security.md's table is generated: python -m pipelines.config.trust"
     rows = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \| (.*?) \|$", text, re.M)}
     assert list(rows) == list(SECTIONS)
     for section, (trigger, deployment) in rows.items():
@@ -230,3 +234,65 @@ def test_a_run_id_never_reaches_an_mlflow_filter_as_written():
     for bad in ("x'y", 'x"y', "x\\y", "x`y"):
         with pytest.raises(BadInput, match="run key: quotes and backslashes"):
             literal(bad, "run key")
+
+
+def test_a_trigger_names_a_config_only_from_the_deployments_list_and_it_owns_nothing(demo_data, tmp_path, monkeypatch):
+    """``{"config": "base.yaml"}`` once replaced the deployment's gate, approval and limits with the repo's
+    defaults. Now the repo's configs/ is no config root of a deployment whose config lives elsewhere, a
+    file is chosen only from ``limits.trigger_may_choose``, and whatever is chosen, every owned field is
+    the deployment's (its other fields are the chosen file's)."""
+    from conftest import REPO
+    from pipelines.roots import OutOfBounds
+
+    strict = ("registry:\n  approval: required\n  approvers: [ada]\neval:\n  confidence: 0.99\n"
+              "limits:\n  steps: 50000\n")
+    deployment_config(tmp_path, monkeypatch, strict)
+    for name, why in (("base.yaml", "no such file in the config roots"),
+                      (str(REPO / "configs" / "base.yaml"), "outside the config roots")):
+        with pytest.raises(OutOfBounds, match=why) as err:
+            _config({"config": name})
+        assert str(REPO / "configs") + "," not in str(err.value)  # no root is listed to a trigger
+    monkeypatch.setenv("TAXIWAY_CONFIG_ROOTS", f"{tmp_path}:{REPO / 'configs'}")
+    with pytest.raises(OutOfBounds, match="not a config this deployment lets a trigger choose"):
+        _config({"config": "demo.yaml"})
+    deployment_config(tmp_path, monkeypatch, strict + f"  trigger_may_choose: [{REPO / 'configs' / 'demo.yaml'}]\n")
+    monkeypatch.setenv("TAXIWAY_CONFIG_ROOTS", f"{tmp_path}:{REPO / 'configs'}")
+    cfg = _config({"config": "demo.yaml"})
+    assert (cfg.registry.approval, cfg.registry.approvers, cfg.eval.confidence, cfg.limits.steps) == (
+        "required", ["ada"], 0.99, 50000)
+    assert (cfg.registry.model_name, cfg.eval.floor, cfg.eval.max_batches) == ("taxiway-tiny-gpt", "uniform", 8)
+    assert (cfg.name, cfg.model.n_layer) == ("taxiway-demo", 4)  # the chosen file's own run-level fields
+
+
+def test_a_task_derives_its_run_folder_and_holds_its_config_to_the_deployments(planted, demo_data, tmp_path, monkeypatch):
+    """The ``run`` XCom a task receives once named its folder: a user who may edit XComs pointed every later
+    task elsewhere (any config.yaml, any report). Now the folder is the DAG run's, a sweep member only one
+    the sweep listed, and a config.yaml whose owned fields differ from the deployment's is refused, naming
+    them; a trigger's ``${VAR}`` in it stays text when it is read back."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from pipelines import run_folder
+    from pipelines.stages.prepare import StageInputError
+    from taxiway_airflow.tasks.common import prepared, run_config, run_dir_of
+
+    allow = deployment_config(tmp_path, monkeypatch, "limits:\n  trigger_may_set: [compute.kubernetes.env]\n")
+    own = run_folder.run_dir("taxiway_train", "manual__1")
+    cfg = _config({"config": allow, "compute": {"kubernetes": {"env": {"X": "${SECRET_DB_URL}"}}}})
+    with set_current_context({"dag": SimpleNamespace(dag_id="taxiway_train"), "run_id": "manual__1"}):
+        xcom = prepared(cfg, own)
+        assert "run_dir" not in xcom
+        elsewhere = tmp_path / "elsewhere"
+        assert run_dir_of({**xcom, "run_dir": str(elsewhere)}) == own
+        for member in ("../../etc", "01", 3):
+            with pytest.raises(StageInputError):
+                run_dir_of({"member": member})  # no sweep here: no member is listed
+        assert run_config(own).compute.kubernetes.env == {"X": "${SECRET_DB_URL}"}
+        written = own / "config.yaml"
+        written.write_text(written.read_text().replace("confidence: 0.95", "confidence: 0.5")
+                           .replace("approval: auto", "approval: required"))
+        with pytest.raises(ConfigError) as err:
+            run_config(own)
+        assert "eval.confidence: differs from the deployment's config" in str(err.value)
+        assert "registry.approval: differs" in str(err.value) and "0.5" not in str(err.value)

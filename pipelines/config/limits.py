@@ -36,6 +36,10 @@ class LimitsConfig(Section):
     trigger_may_set: list[Annotated[str, Field(pattern=r"^[a-z_]+(\.[a-z_]+)*$", max_length=128)]] = Field(
         [], max_length=64, description="Deployment-owned fields (dotted paths or sections) this deployment lets "
                                        "a trigger set; empty = none (docs/security.md)")
+    trigger_may_choose: list[Annotated[str, Field(pattern=r"^[^\x00]+\.ya?ml$", max_length=256)]] = Field(
+        [], max_length=32, description="Config files (relative to this config's folder, or absolute) a trigger "
+                                       "may name as its ``config``; whichever it names, every deployment-owned "
+                                       "field still comes from this config; empty = none (docs/security.md)")
 
 
 def parameters(model: Any, vocab_size: int) -> int:

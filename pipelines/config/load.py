@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pipelines.config import trust
 from pipelines.config.base import ConfigError
 from pipelines.config.schema import SECTIONS, RunConfig
 from pipelines.roots import Roots
@@ -88,14 +87,17 @@ def _check_sections(raw: dict[str, Any], source: str, from_file: bool = True) ->
         raise ConfigError({str(k): f"not a config section{typos[k]}" for k in unknown}, source)
 
 
-def read_yaml_chain(path: str | Path, roots: Roots | None = None, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_yaml_chain(path: str | Path, roots: Roots | None = None, _seen: tuple[Path, ...] = (),
+                    expand: bool = True) -> dict[str, Any]:
     """Read a YAML config and the files it ``extends:`` (relative to itself), base first.
 
     With ``roots`` (runs started from a trigger), every file of the chain must lie inside a config root.
+    ``expand=False`` for a file Taxiway wrote itself (a run folder's ``config.yaml``): its values are
+    already resolved, and a trigger's ``${VAR}`` in it is text that must stay text.
     """
     path = Path(path).resolve()
     if roots is not None and not roots.inside_configs(path):
-        raise ConfigError({"<file>": f"outside the config roots ({roots.describe_configs()})"}, str(path))
+        raise ConfigError({"<file>": "outside the config roots"}, str(path))
     if path in _seen:
         raise ConfigError({"extends": f"cycle through {path}"}, str(path))
     try:
@@ -112,13 +114,14 @@ def read_yaml_chain(path: str | Path, roots: Roots | None = None, _seen: tuple[P
         raise ConfigError({"<file>": "not a RunConfig: its top level is not a mapping"}, str(path))
     _check_sections(raw, str(path))
     errors: dict[str, str] = {}
-    raw = _expand(raw, "", errors)  # the deployment's own files: the only place ${VAR} means anything
+    if expand:
+        raw = _expand(raw, "", errors)  # the deployment's own files: the only place ${VAR} means anything
     if errors:
         raise ConfigError(errors, str(path))
     parents = raw.pop("extends", None) or []
     merged: dict[str, Any] = {}
     for parent in [parents] if isinstance(parents, str) else parents:
-        merged = deep_merge(merged, read_yaml_chain(path.parent / parent, roots, _seen + (path,)))
+        merged = deep_merge(merged, read_yaml_chain(path.parent / parent, roots, _seen + (path,), expand))
     return deep_merge(merged, raw)
 
 
@@ -214,22 +217,12 @@ def validate(raw: dict[str, Any], source: str = "config") -> RunConfig:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
-                extra: dict[str, Any] | None = None, roots: Roots | None = None) -> RunConfig:
+                extra: dict[str, Any] | None = None, roots: Roots | None = None, expand: bool = True) -> RunConfig:
     """File (with extends) → ``extra`` overlay (e.g. a DAG run's conf) → ``--set`` overrides.
 
-    ``roots`` confines the file chain to the config roots (runs started from a trigger)."""
-    raw = read_yaml_chain(path, roots)
+    ``roots`` confines the file chain to the config roots (runs started from a trigger); ``expand``:
+    ``read_yaml_chain``'s."""
+    raw = read_yaml_chain(path, roots, expand=expand)
     if extra:
         raw = deep_merge(raw, extra)
     return validate(apply_overrides(raw, overrides or []), str(path))
-
-
-def load_triggered(path: str | Path, overlay: dict[str, Any], sets: list[str], roots: Roots) -> RunConfig:
-    """A config as a trigger asks for it: the deployment's file chain (inside ``roots``), the trigger's
-    ``overlay`` and ``sets`` as values, refused where only the deployment may set a field unless the
-    file chain's ``limits.trigger_may_set`` allows it."""
-    raw = read_yaml_chain(path, roots)
-    pairs = parse_overrides(sets, "set")
-    paths = [*trust.leaves(overlay, ""), *(p for key, value in pairs for p in (key, *trust.leaves(value, key)))]
-    trust.refuse_owned(paths, trust.allowed_by(raw), "conf")
-    return validate(apply_overrides(deep_merge(raw, overlay), pairs), str(path))

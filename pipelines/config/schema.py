@@ -226,6 +226,10 @@ class RegistryConfig(Section):
         7 * 86400.0, gt=0.0, le=90 * 86400.0, description="Longest an approval waits; then the version is challenger")
     approval_reminder_s: float = Field(
         86400.0, gt=0.0, le=90 * 86400.0, description="An approval waiting this long raises an alert (alerts.*)")
+    approvers: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]] = Field(
+        [], max_length=64, description="User ids of the people who may answer an approval (the task's assigned "
+                                       "users); never the user who triggered the run; empty = anyone Airflow lets "
+                                       "answer it, less that user")
     log_checkpoint: bool = Field(
         True, description="Log the final full checkpoint (optimizer state too) with the model, so a refresh can "
                           "continue it after the run folder is gone; costs about 3x the weights in artifact storage")

@@ -11,10 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from pydantic import BaseModel
+
 from pipelines.config.base import ConfigError
+from pipelines.config.schema import SECTIONS, RunConfig
 
 _GATE = "the evaluation gate's policy: what a candidate must beat, and how surely"
+_CLEAN = "what keeps the gate's validation set apart from the training data"
 OWNED: dict[str, str] = {
+    "data.val": "the validation set the gate judges every candidate on",
+    "preflight.max_overlap_fraction": _CLEAN,
+    "preflight.max_duplicate_fraction": _CLEAN,
+    "preflight.overlap_jaccard": _CLEAN,
+    "preflight.num_perm": _CLEAN,
+    "preflight.shingle_words": _CLEAN,
+    "preflight.action": _CLEAN,
     "compute.launcher": "where training runs",
     "compute.kubernetes": "the cluster, namespace, image, Secrets, service account and volume pods run with",
     "eval.baseline": _GATE,
@@ -33,6 +44,7 @@ OWNED: dict[str, str] = {
     "registry.approval": "whether a person approves a promotion",
     "registry.approval_timeout_s": "whether a person approves a promotion",
     "registry.approval_reminder_s": "whether a person approves a promotion",
+    "registry.approvers": "who may approve a promotion",
     "refresh": "the refresh's landing zone, schedule and policy",
     "limits": "the deployment's ceilings and what its triggers may set",
     "alerts": "who is told about the deployment's failures, and through which connections",
@@ -86,3 +98,53 @@ def allowed_by(raw: dict[str, Any]) -> tuple[str, ...]:
     limits = raw.get("limits")
     listed = limits.get("trigger_may_set") if isinstance(limits, dict) else None
     return tuple(p for p in listed if isinstance(p, str)) if isinstance(listed, list) else ()
+
+
+# what docs/security.md's table says beside a section's cell (``table``)
+NOTES: dict[tuple[str, str], str] = {
+    ("data", "trigger"): "every file inside the data roots",
+    ("data", "deployment"): "the validation set every candidate is judged on",
+    ("preflight", "deployment"): "what keeps that set apart from the training data",
+    ("tokenizer", "trigger"): "`path` inside the data roots",
+    ("compute", "deployment"): "cluster connection, namespace, service account, image, Secrets, volume, labels, env, "
+                               "resources, security context",
+    ("eval", "deployment"): "the gate's policy and how it is computed",
+    ("alerts", "deployment"): "Airflow connection ids and recipients; addresses and secrets stay in the "
+                              "connections: [alerts.md](alerts.md)",
+}
+
+
+def _model(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _names(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str]]:
+    """(name as the table shows it, dotted path) for each field under ``prefix``; a sub-section the
+    deployment owns whole is one name, ``sub.*``."""
+    for name, field in model.model_fields.items():
+        path, sub = f"{prefix}.{name}", _model(field.annotation)
+        if sub is not None and path not in OWNED:
+            yield from ((f"{name}.{shown}", p) for shown, p in _names(sub, path))
+        else:
+            yield (f"{name}.*" if sub is not None else name), path
+
+
+def table() -> str:
+    """docs/security.md's table of who sets what, one row per config section, from ``OWNED``: the page
+    is generated from this code, so the two cannot disagree (``python -m pipelines.config.trust``)."""
+    rows = ["| section | a trigger may set (within the schema's bounds and `limits`) | only the deployment sets |",
+            "|---|---|---|"]
+    for section in SECTIONS:
+        model = _model(RunConfig.model_fields[section].annotation)
+        fields = [(section, section)] if model is None else list(_names(model, section))
+        cells = []
+        for column, owned in (("trigger", False), ("deployment", True)):
+            names = [f"`{shown}`" for shown, path in fields if (owner_reason(path) is not None) == owned]
+            note = NOTES.get((section, column))
+            cells.append((", ".join(names) + (f" ({note})" if note else "")) if names else "–")
+        rows.append(f"| `{section}` | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

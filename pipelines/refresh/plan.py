@@ -151,12 +151,18 @@ def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
     version itself (not whatever holds the alias when it is evaluated). ``refresh.schedule`` shapes
     the LR from there (``launch.spec.lr_schedule``) around ``refresh.lr`` (else train.lr): rewarm decays
     over the whole refresh; wsd stays there and decays only the last ``refresh.decay_steps``, continuing the parent's stable state."""
-    data, r = layout(cfg, run_dir), cfg.refresh
-    return cfg.model_copy(update={
+    data, r, judged = layout(cfg, run_dir), cfg.refresh, judged_as_refresh(cfg, run_dir)
+    return judged.model_copy(update={
         "parent": champion,
-        "data": cfg.data.model_copy(update={"train": str(data.train), "val": str(data.val),
-                                            "manifest": str(data.manifest)}),
+        "data": judged.data.model_copy(update={"train": str(data.train), "manifest": str(data.manifest)}),
         "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps,
                                               "lr": r.lr or cfg.train.lr}),
-        "eval": cfg.eval.model_copy(update={"baseline": "parent"}),
     })
+
+
+def judged_as_refresh(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """``cfg`` (the deployment's config) judged as a refresh in ``run_dir`` is: on the fixed validation set
+    as the refresh dataset holds it, against the version it continues (``eval.baseline: parent``), not
+    whatever holds the alias when it is evaluated; the owned fields a refresh sets itself."""
+    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"baseline": "parent"}),
+                                  "data": cfg.data.model_copy(update={"val": str(layout(cfg, run_dir).val)})})

@@ -31,6 +31,7 @@ class Decision:
     by: str | None        # the deciding user's name; None for a timeout
     at: str               # UTC ISO 8601
     comment: str = ""
+    by_id: str | None = None  # the deciding user's id (what ``registry.approvers`` lists); None for a timeout
 
     def __post_init__(self) -> None:
         if self.choice not in ("approved", "rejected", "timed_out"):
@@ -45,6 +46,22 @@ class Decision:
         if self.choice == "timed_out":
             return f"not promoted: no one approved it within registry.approval_timeout_s ({timeout_s:.0f} s)"
         return f"not promoted: rejected by {self.by} at {self.at}"
+
+
+def refusal(decision: Decision, approvers: list[str], triggered_by: str | None) -> str | None:
+    """Why ``decision`` may not decide (None when it may): separation of duties. The user who triggered
+    the run never approves or rejects it, and where the deployment names ``registry.approvers``, only
+    they do. A timeout is no one's answer, and always stands."""
+    if decision.choice == "timed_out":
+        return None
+    who = decision.by_id or decision.by
+    if who is None:
+        return "the answer names no user"
+    if triggered_by is not None and who == triggered_by:
+        return f"user {who!r} triggered this run, and may not answer its own approval"
+    if approvers and who not in approvers:
+        return f"user {who!r} is not one of registry.approvers"
+    return None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def load_run_config(run_dir: Path) -> RunConfig:
     path = RunFolder(run_dir).config
     if not path.exists():
         raise StageInputError(f"{path}: missing; the run folder was not prepared")
-    return load_config(path)
+    return load_config(path, expand=False)  # written resolved: a trigger's ${VAR} in it stays text
 
 
 def require(path: Path, stage: str) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pipelines import registry
 from pipelines.config import RunConfig
+from pipelines.errors import CheckFailed
 from pipelines.refresh import ledger
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.registry import approval
@@ -75,13 +76,22 @@ def awaits_approval(run_dir: Path) -> bool:
     return RunFolder(run_dir).registry_record.exists() and registry_record(run_dir).get("approval") == "pending"
 
 
-def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision, mirror: Path | None = None) -> dict[str, Any]:
+def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision, mirror: Path | None = None,
+           triggered_by: str | None = None) -> dict[str, Any]:
     """Apply a person's decision (or the timeout) to the version this run registered pending approval;
-    ``mirror``: another run folder whose record copies this one's (a sweep's, of its best member)."""
+    ``mirror``: another run folder whose record copies this one's (a sweep's, of its best member).
+    An answer from ``triggered_by`` (the user who triggered the run) or from anyone not in
+    ``registry.approvers`` is refused (``approval.refusal``): recorded, and the version stays pending."""
     folder, record = RunFolder(run_dir), registry_record(run_dir)
     if record.get("approval") not in ("pending", decision.choice):
         raise StageInputError(f"{folder.registry_record}: version {record.get('version')} is not waiting for "
                               f"approval (approval: {record.get('approval', 'auto')})")
+    if why := approval.refusal(decision, cfg.registry.approvers, triggered_by):
+        refused = {"approval_refused": {"by": decision.by_id or decision.by, "at": decision.at, "why": why}}
+        for path in {run_dir, mirror or run_dir}:
+            fsio.write_json(RunFolder(path).registry_record, {**registry_record(path), **refused})
+        raise CheckFailed(f"{record['model_name']} version {record['version']}: the answer was not applied: {why}. "
+                          "The version stays pending; clear register.approval to ask an approver again")
     report = json.loads(require(folder.eval_report, "evaluate").read_text())
     outcome = approval.apply(cfg.registry, str(record["version"]), report, decision)
     decided = {"alias": outcome.alias, "reason": outcome.reason, "approval": decision.choice,

@@ -36,6 +36,16 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text())
 
 
+def member_dir(run_dir: Path, member: Any) -> Path:
+    """The folder of the member ``member`` (an index, as a task's XCom names it) of the sweep in
+    ``run_dir``: only an index ``write`` listed, so no value a task receives becomes a path."""
+    listed = {int(m["member"]) for m in read(run_dir)}
+    index = int(member) if isinstance(member, int | str) and str(member).isdigit() else None
+    if index not in listed:
+        raise stages.prepare.StageInputError(f"sweep member {str(member)[:20]!r}: not a member of this sweep")
+    return RunFolder(run_dir).sweep_member(index)
+
+
 def write(run_dir: Path, run_key: str) -> list[dict[str, Any]]:
     """One run folder per point (idempotent: a retry finds the same configs); returns each member as
     the XCom its tasks take: run folder, config sha256, name, run key, index and point."""

@@ -39,14 +39,7 @@ class FormField:
 GROUPS: dict[str, tuple[FormField, ...]] = {
     "Data": (
         FormField("data.train", "Training documents"),
-        FormField("data.val", "Validation documents"),
         FormField("data.manifest", "Data manifest"),
-    ),
-    "Preflight gate": (
-        FormField("preflight.action", "On train/val overlap",
-                  {"fail": "fail the run", "decontaminate": "drop the overlapping val documents and go on"}),
-        FormField("preflight.max_overlap_fraction", "Largest train/val overlap"),
-        FormField("preflight.max_duplicate_fraction", "Largest exact-duplicate share"),
     ),
     "Tokenizer and packing": (
         FormField("tokenizer.vocab_size", "Vocabulary size"),

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from functools import lru_cache
 from typing import Any
 
 from airflow.sdk import Param
 
-from pipelines.config import SECTIONS, ConfigError, RunConfig, load_config, suggest
+from pipelines.config import SECTIONS, ConfigError, RunConfig, deployment, load_config, suggest
 from pipelines.config.load import MAX_DEPTH, parse_overrides
 from pipelines.config.trust import OWNED, owner_reason
-from pipelines.roots import REPO, Roots
+from pipelines.roots import Roots
 from taxiway_airflow.conf_numbers import bad_numbers
 from taxiway_airflow.form_fields import ADVANCED, ALL_FIELDS, GROUPS, SECTION_TITLES, FormField
 
@@ -71,7 +70,7 @@ def section_schemas() -> dict[str, dict[str, Any]]:
 
 
 def default_config_path() -> str:
-    return os.environ.get("TAXIWAY_CONFIG", str(REPO / "configs" / "demo.yaml"))
+    return str(deployment.path())
 
 
 @lru_cache(maxsize=4)
@@ -145,9 +144,10 @@ def build_params() -> dict[str, Any]:
     schemas = section_schemas()
     params: dict[str, Any] = {
         "config": param(roots.config_name(path), type="string", pattern=r"\.ya?ml$", title="Config file",
-                        examples=roots.config_files(),
-                        description="YAML run config from this deployment's config roots (pick one or type a path "
-                                    "inside them); every field below overlays it where it differs from its default"),
+                        examples=[roots.config_name(path), *defaults["limits"]["trigger_may_choose"]],
+                        description="YAML run config: this deployment's, or one it lets a trigger choose "
+                                    "(limits.trigger_may_choose; the fields only the deployment sets stay its own); "
+                                    "every field below overlays it where it differs from its default"),
         "name": param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
         "parent": param(defaults["parent"], title=SECTION_TITLES["parent"], **_field_schema(schemas["parent"])),
         "set": param([], type=["array", "null"], items={"type": "string"}, title="Overrides",

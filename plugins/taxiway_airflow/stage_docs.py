@@ -24,7 +24,8 @@ contaminated val documents with `preflight.action: decontaminate`).
 
 Outputs: `<run>/preflight/report.json` and `report.md`, `overlap.png`, one `checks/<check>.json` per
 check, `plan.json` and `shards.json` (the shards and their cache keys), `clean/` (the decontaminated
-val split). Thresholds: the form's *Preflight gate* section.""",
+val split). Thresholds: the deployment's `preflight.*` limits, which keep the gate's validation set clean
+(docs/security.md).""",
     ),
     "tokenize": StageDoc(
         "Byte-level BPE and fixed-length packed windows, cached by content",

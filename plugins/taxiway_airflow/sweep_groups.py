@@ -38,6 +38,6 @@ def sweep_stages(run: Any) -> tuple[Any, TaskGroup]:
     with TaskGroup("register", **STAGES["register_best"]._asdict()) as register:
         best = sweep_tasks.register_best.override(task_id="model_version")(run)
         with_links(best, (ModelVersionLink(), MlflowRunLink()))
-        approval_steps(best, best)  # the best member's folder (``run_dir`` of the record) holds its report
+        approval_steps(best, best)  # the best member's folder (tasks.common.approval_dir) holds its report
     sweep >> register
     return listed, register

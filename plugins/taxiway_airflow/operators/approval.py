@@ -23,11 +23,11 @@ from airflow.sdk.exceptions import AirflowSkipException
 from pipelines.registry.approval import MAX_COMMENT
 from pipelines.run_folder import RunFolder
 from pipelines.stages import register as register_stage
-from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.links import ROUTE, airflow_base, go_url
 from taxiway_airflow.params import DIALECT
-from taxiway_airflow.tasks.common import run_dir_of
+from taxiway_airflow.tasks.common import approval_dir, run_config
 from taxiway_airflow.triggers.approval import ApprovalReminderTrigger
+from trainer import fsio
 
 log = logging.getLogger(__name__)
 APPROVE, REJECT = "Approve", "Reject"
@@ -72,13 +72,16 @@ class ApprovalGate(HITLOperator):
         self.run = run
 
     def execute(self, context: Any) -> Any:
-        run_dir = run_dir_of(self.run)
+        run_dir = approval_dir()
         _not_waiting(run_dir)
-        cfg = load_run_config(run_dir)
+        cfg = run_config(run_dir)
         record = register_stage.registry_record(run_dir)
+        RunFolder(run_dir).approval_answer.unlink(missing_ok=True)  # a new question: an earlier try's answer is not this one's
         self.subject = f"Approve {record['model_name']} version {record['version']} as champion?"
         self.body = body(run_dir, context["dag"].dag_id, context["run_id"])
         self.response_timeout = timedelta(seconds=cfg.registry.approval_timeout_s)
+        # Airflow lets only these users answer (403 to anyone else); decide() holds them to it again
+        self.assigned_users = [{"id": user, "name": user} for user in cfg.registry.approvers]
         return super().execute(context)
 
     def validate_params_input(self, params_input: Any) -> None:
@@ -89,16 +92,23 @@ class ApprovalGate(HITLOperator):
         super().validate_params_input({"comment": None if comment is None else str(comment)[:MAX_COMMENT]})
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """The decision as ``pipelines.registry.approval.Decision`` takes it (a timeout answers *Reject*
-        for no one: ``timed_out``)."""
-        timed_out = bool(event.get("timedout"))
-        answer = super().execute_complete(context, event)
-        user = answer["responded_by_user"] or {}
-        at = answer["responded_at"] or datetime.now(UTC)
-        choice = "timed_out" if timed_out else "approved" if answer["chosen_options"] == [APPROVE] else "rejected"
-        return {"choice": choice, "by": None if timed_out else (user.get("name") or user.get("id")),
-                "at": at.astimezone(UTC).isoformat(timespec="seconds"),
-                "comment": str((answer["params_input"] or {}).get("comment") or "")[:MAX_COMMENT]}
+        """The answer as Airflow's human-in-the-loop record holds it (who answered, what, when; a timeout
+        answers *Reject* for no one: ``timed_out``), written to the run folder's ``approval.json``, which
+        the decision task reads: never an XCom, which a user who may edit XComs could write."""
+        from airflow.sdk.execution_time.hitl import get_hitl_detail_content_detail  # the task runner's comms: only here
+
+        super().execute_complete(context, event)  # checks the options and the comment
+        answer = get_hitl_detail_content_detail(context["ti"].id)
+        user = answer.responded_by_user
+        at = answer.responded_at or datetime.now(UTC)
+        choice = ("timed_out" if user is None or event.get("timedout") else
+                  "approved" if answer.chosen_options == [APPROVE] else "rejected")
+        out = {"choice": choice, "by": None if choice == "timed_out" else user.name,
+               "by_id": None if choice == "timed_out" else str(user.id),
+               "at": at.astimezone(UTC).isoformat(timespec="seconds"),
+               "comment": str((answer.params_input or {}).get("comment") or "")[:MAX_COMMENT]}
+        fsio.write_json(RunFolder(approval_dir()).approval_answer, out)
+        return out
 
 
 class ApprovalReminder(BaseOperator):
@@ -112,9 +122,9 @@ class ApprovalReminder(BaseOperator):
         self.run, self.approval_task_id = run, approval_task_id
 
     def execute(self, context: Any) -> None:
-        run_dir = run_dir_of(self.run)
+        run_dir = approval_dir()
         _not_waiting(run_dir)
-        cfg = load_run_config(run_dir)
+        cfg = run_config(run_dir)
         if not (cfg.alerts.email or cfg.alerts.webhooks):
             raise AirflowSkipException("no alert connection (alerts.email, alerts.webhooks) to remind through")
         wait_s = cfg.registry.approval_reminder_s
@@ -129,9 +139,9 @@ class ApprovalReminder(BaseOperator):
             return
         from taxiway_airflow.alerts.approval import approval_waiting  # smtplib, urllib: only when one is due
 
-        run_dir = run_dir_of(self.run)
+        run_dir = approval_dir()
         try:
-            cfg, record = load_run_config(run_dir), register_stage.registry_record(run_dir)
+            cfg, record = run_config(run_dir), register_stage.registry_record(run_dir)
         except Exception as exc:  # the approval goes on; only its reminder is lost
             log.warning("approval reminder not sent: the run folder could not be read (%s)", exc)
             return

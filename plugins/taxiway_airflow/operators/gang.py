@@ -25,10 +25,9 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines.errors import BadInput
 from pipelines.stages import train as train_stage
-from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.links import TRAIN_LINKS
-from taxiway_airflow.tasks.common import run_dir_of, run_key_of
+from taxiway_airflow.tasks.common import run_config, run_dir_of, run_key_of
 from taxiway_airflow.triggers.gang import GangTrigger
 
 log = logging.getLogger("taxiway")
@@ -150,7 +149,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
     def _config(self):
-        return load_run_config(run_dir_of(self.run))
+        return run_config(run_dir_of(self.run))
 
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""

@@ -33,11 +33,10 @@ from kubernetes.client import ApiClient
 
 from pipelines.errors import Transient
 from pipelines.stages import train as train_stage
-from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.links import TRAIN_LINKS
-from taxiway_airflow.tasks.common import run_dir_of, run_key_of
+from taxiway_airflow.tasks.common import run_config, run_dir_of, run_key_of
 from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, render_for_run
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
@@ -186,7 +185,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return pods
 
     def _config(self):
-        return load_run_config(run_dir_of(self.run))
+        return run_config(run_dir_of(self.run))
 
 
 def _model(obj: dict[str, Any], kind: str) -> Any:

@@ -12,10 +12,9 @@ from airflow.sdk import get_current_context, task
 from pipelines.config import RunConfig
 from pipelines.errors import BadInput
 from pipelines.stages import train as train_stage
-from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import translated
 from taxiway_airflow.hooks import kubernetes as cluster
-from taxiway_airflow.tasks.common import TASK, run_dir_of
+from taxiway_airflow.tasks.common import TASK, run_config, run_dir_of
 
 log = logging.getLogger("taxiway")
 
@@ -23,7 +22,7 @@ log = logging.getLogger("taxiway")
 def render_for_run(run: dict[str, Any], run_id: str, try_number: int) -> tuple[RunConfig, train_stage.Gang]:
     """The run's config and its gang's objects for one try; refuses what the pods could not run."""
     run_dir = run_dir_of(run)
-    cfg = load_run_config(run_dir)
+    cfg = run_config(run_dir)
     k = cfg.compute.kubernetes
     if cfg.compute.launcher != "kubernetes":
         raise BadInput(

@@ -45,11 +45,11 @@ def resolve_sweep() -> dict[str, Any]:
 @translated
 def members(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One run folder per point, sharing this run's preflight and packed data; the list is what the
-    member task group is mapped over."""
+    member task group is mapped over (each item names its member by index; ``run_dir_of`` finds the folder)."""
     ctx = get_current_context()
     out = sweep_members.write(run_dir_of(run), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]))
     log.info("%d member run folder(s) under %s", len(out), run_dir_of(run) / "sweep")
-    return out
+    return [{k: m[k] for k in ("member", "point", "name", "config_sha256")} for m in out]  # no path: run_dir_of
 
 
 @task(**TASK, trigger_rule="all_done_min_one_success")
@@ -73,4 +73,4 @@ def register_best(run: dict[str, Any]) -> dict[str, Any]:
     result = registration.register(run_dir_of(run), run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"]), airflow)
     log.info("registered member %s as %s version %s ('%s'); MLflow parent run %s", result["sweep_member"],
              result["model_name"], result["version"], result["alias"], result["parent_run_id"])
-    return result
+    return {k: v for k, v in result.items() if k != "run_dir"}  # no path in an XCom: approval_dir() finds it

@@ -4,6 +4,7 @@ run's plan (``RefreshPlan.of_run``: None for any other run) is handed to the sta
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -14,14 +15,14 @@ from pipelines import run_folder
 from pipelines.errors import CheckFailed
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.registry import approval
+from pipelines.run_folder import RunFolder
 from pipelines.stages import evaluate as evaluate_stage
 from pipelines.stages import preflight as preflight_stage
 from pipelines.stages import register as register_stage
 from pipelines.stages import tokenize as tokenize_stage
 from pipelines.stages import train as train_stage
-from pipelines.stages.prepare import load_run_config
 from taxiway_airflow.failures import translated
-from taxiway_airflow.tasks.common import TASK, conf_config, prepared, run_dir_of
+from taxiway_airflow.tasks.common import TASK, approval_dir, conf_config, own_dir, prepared, run_config, run_dir_of
 
 log = logging.getLogger("taxiway")
 
@@ -44,7 +45,7 @@ def preflight_plan(run: dict[str, Any]) -> list[int]:
     """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each, no
     more than Airflow maps (``[core] max_map_length``)."""
     run_dir = run_dir_of(run)
-    return preflight_stage.plan(load_run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
+    return preflight_stage.plan(run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
 
 
 @task(**TASK)
@@ -52,7 +53,7 @@ def preflight_plan(run: dict[str, Any]) -> list[int]:
 def preflight_scan(shard: int, run: dict[str, Any]) -> dict[str, Any]:
     """Read one shard's files once for every check; cached by content, so a retry is cheap."""
     run_dir = run_dir_of(run)
-    result = preflight_stage.shard(load_run_config(run_dir), run_dir, shard)
+    result = preflight_stage.shard(run_config(run_dir), run_dir, shard)
     log.info("shard %d (%s): %d file(s), %d document(s), %s %s", shard, result.split, len(result.files),
              len(result.rows), "cache hit" if result.cache_hit else "scanned, cached as", result.key)
     return {"shard": shard, "key": result.key, "cache_hit": result.cache_hit}
@@ -65,7 +66,7 @@ def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[s
     check failed (the error and the log name each failed check and why)."""
     run_dir = run_dir_of(run)
     keys = [s["key"] for s in sorted(scanned, key=lambda s: s["shard"])]
-    report = preflight_stage.reduce(load_run_config(run_dir), run_dir, keys)
+    report = preflight_stage.reduce(run_config(run_dir), run_dir, keys)
     log.info("%s", report.summary())
     if not report.passed:
         raise CheckFailed(report.summary())
@@ -79,7 +80,7 @@ def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     ``shard`` tasks encode, no more than Airflow maps (``[core] max_map_length``); returns one small
     record per shard (the plan itself is in the run folder)."""
     run_dir = run_dir_of(run)
-    shards = tokenize_stage.plan(load_run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
+    shards = tokenize_stage.plan(run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
     log.info("%d shard(s) of %d file group(s), %d bytes", len(shards), sum(s["groups"] for s in shards),
              sum(s["bytes"] for s in shards))
     return shards
@@ -101,7 +102,7 @@ def tokenize_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]
 def tokenize_pack(run: dict[str, Any]) -> dict[str, Any]:
     """The reduce: packs the groups the shards left in the cache (plus a refresh's replay and fresh val)."""
     run_dir = run_dir_of(run)
-    packed = tokenize_stage.reduce(load_run_config(run_dir), run_dir, RefreshPlan.of_run(run_dir))
+    packed = tokenize_stage.reduce(run_config(run_dir), run_dir, RefreshPlan.of_run(run_dir))
     stats = packed.manifest()
     log.info("%s %s: %s", "cache hit" if packed.cache_hit else "packed", packed.path,
              {s: {k: v[k] for k in ("documents", "tokens", "windows")} for s, v in stats["splits"].items()})
@@ -113,7 +114,7 @@ def tokenize_pack(run: dict[str, Any]) -> dict[str, Any]:
 def smoke(run: dict[str, Any]) -> dict[str, Any]:
     """One process, a few steps, save, resume: fails in seconds before the gang is scheduled."""
     run_dir = run_dir_of(run)
-    result = train_stage.smoke(load_run_config(run_dir), run_dir)
+    result = train_stage.smoke(run_config(run_dir), run_dir)
     log.info("smoke passed: step %s, loss %s", result["step"], result["loss"])
     return {"loss": result["loss"]}
 
@@ -122,7 +123,7 @@ def smoke(run: dict[str, Any]) -> dict[str, Any]:
 @translated
 def evaluate(run: dict[str, Any]) -> dict[str, Any]:
     run_dir = run_dir_of(run)
-    report = evaluate_stage.run(load_run_config(run_dir), run_dir, refresh=RefreshPlan.of_run(run_dir))
+    report = evaluate_stage.run(run_config(run_dir), run_dir, refresh=RefreshPlan.of_run(run_dir))
     log.info("%s", report["reason"])
     return {"passed": report["passed"], "improvement_bpb": report["improvement_bpb"]}
 
@@ -135,7 +136,7 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
     run_dir = run_dir_of(run)
     airflow = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"]}
     key = run_folder.run_key(ctx["dag"].dag_id, ctx["run_id"])
-    result = register_stage.run(load_run_config(run_dir), run_dir, key, airflow, RefreshPlan.of_run(run_dir))
+    result = register_stage.run(run_config(run_dir), run_dir, key, airflow, RefreshPlan.of_run(run_dir))
     log.info("registered %s version %s: %s", result["model_name"], result["version"],
              "waiting for approval" if result.get("approval") == "pending" else f"alias '{result['alias']}'")
     return result
@@ -143,11 +144,19 @@ def register(run: dict[str, Any]) -> dict[str, Any]:
 
 @task(**TASK)
 @translated
-def decide(run: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+def decide(run: dict[str, Any], decision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The person's answer to ``register.approval`` applied: ``champion`` on an approval (while the champion
-    is still the model it was evaluated against), else ``challenger``; who, when and why on the version."""
-    ctx, run_dir = get_current_context(), run_dir_of(run)
-    own = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])  # a sweep's, when ``run`` is its best member
-    result = register_stage.decide(load_run_config(run_dir), run_dir, approval.Decision(**decision), mirror=own)
+    is still the model it was evaluated against), else ``challenger``; who, when and why on the version.
+    The answer is the one ``register.approval`` wrote from Airflow's human-in-the-loop record into the run
+    folder, never its XCom (``decision`` only orders this task after it); refused, and the version left
+    pending, when it comes from the user who triggered the run or from anyone not in ``registry.approvers``."""
+    ctx = get_current_context()
+    run_dir, own = approval_dir(), own_dir()  # a sweep's best member's folder, and the sweep's own
+    answer = RunFolder(run_dir).approval_answer
+    if not answer.exists():
+        raise CheckFailed(f"{answer}: missing; register.approval recorded no answer (a task marked success by "
+                          "hand answers nothing): clear register.approval to ask again")
+    result = register_stage.decide(run_config(run_dir), run_dir, approval.Decision(**json.loads(answer.read_text())),
+                                   mirror=own, triggered_by=ctx["dag_run"].triggering_user_name)
     log.info("%s version %s %s: alias '%s'", result["model_name"], result["version"], result["approval"], result["alias"])
     return result
