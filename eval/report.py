@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eval.gate import Decision
+from eval.markdown import code, fenced
 from eval.plot import comparison_png
 from eval.score import Score
 from eval.stats import Paired
@@ -61,8 +62,8 @@ def markdown(rep: dict[str, Any]) -> str:
     if rep["generations"]:
         lines += ["## Generations", ""]
         for gen in rep["generations"]:
-            lines += [f"Prompt `{gen['prompt']}` (seed {gen['seed']}, temperature {gen['temperature']}, "
-                      f"top-k {gen['top_k']}):", "", "```", gen["text"].replace("```", "'''"), "```", ""]
+            lines += [f"Prompt {code(gen['prompt'])} (seed {gen['seed']}, temperature {gen['temperature']}, "
+                      f"top-k {gen['top_k']}):", "", fenced(gen["text"]), ""]
     return "\n".join(lines)
 
 

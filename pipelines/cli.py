@@ -227,7 +227,7 @@ def land(src: Annotated[Path, typer.Argument(help="Folder with train/ and option
     if landing is None:
         landing = cfg.refresh.landing
     announce.check()
-    batch = zone.land(src, landing, batch_id, fmt=cfg.data.format if cfg else None)
+    batch = zone.land(src, landing, batch_id, fmt=cfg.data.format if cfg else None, limits=cfg.limits if cfg else None)
     typer.echo(f"landed batch {batch.id}: {batch.files} files, {batch.bytes} bytes, manifest sha256 "
                f"{batch.manifest_sha256[:12]}…")
     if announce.configured():

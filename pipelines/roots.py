@@ -37,7 +37,9 @@ class OutOfBounds(BadInput):
 
 
 def _is_uri(path: str) -> bool:
-    return "://" in path
+    """fsspec reads any ``::`` chain or ``://`` as a URI (``simplecache::relative/path`` included): so is it
+    judged, held to the URI roots."""
+    return "://" in path or "::" in path
 
 
 def _real(path: str | Path) -> Path:
@@ -119,7 +121,10 @@ class Roots:
         for field, value in values.items():
             if not value:
                 continue
-            if not _is_uri(value) and ".." in Path(value).parts:
+            if not _is_uri(value) and not os.path.isabs(value):
+                bad.append(f"{field}: {value!r} is relative (name data by an absolute path or a URI: a relative one "
+                           "means whatever folder the worker runs in)")
+            elif not _is_uri(value) and ".." in Path(value).parts:
                 bad.append(f"{field}: {value!r} has a '..' segment (name data by a path without one)")
             elif not self.inside_data(value):
                 bad.append(f"{field}: {value!r} is outside the data roots ({self.describe_data()})")

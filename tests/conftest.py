@@ -283,10 +283,10 @@ def shots(tmp_path: Path) -> Path:
     return out
 
 
-def sign_in(page, url: str, password: str) -> None:
-    """Log in on the Airflow UI's login page as the live deployment's admin."""
+def sign_in(page, url: str, password: str, user: str = "admin") -> None:
+    """Log in on the Airflow UI's login page as one of the live deployment's users (its admin by default)."""
     page.goto(f"{url}/")
-    page.locator("input[name=username]").fill("admin")
+    page.locator("input[name=username]").fill(user)
     page.locator("input[name=password]").fill(password)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda u: "/auth/" not in u)

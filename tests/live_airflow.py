@@ -36,6 +36,13 @@ REPO = Path(__file__).resolve().parents[1]
 PLANTED_SECRET = "postgresql://airflow:" + secrets.token_hex(8) + "@db/airflow"
 BIN = Path(sys.executable).parent
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# SimpleAuthManager's users of every live deployment: the admin, and two with the ``user`` role (trigger runs,
+# edit XComs and task states, answer approvals), as the people the trust tests play (docs/security.md)
+USERS = {"admin": "admin", "ada": "user", "tom": "user"}
+# the owned fields the session's shared deployment lets its tests' triggers set, so each test keeps to a
+# registered model and an approval policy of its own, as a deployment shared by teams would allow
+SHARED_MAY_SET = ("registry.model_name", "registry.lock_timeout_s", "registry.approval", "registry.approval_timeout_s",
+                  "registry.approval_reminder_s", "registry.approvers", "alerts.webhooks", "compute.kubernetes.labels")
 TERMINAL = {"success", "failed"}
 
 
@@ -135,7 +142,7 @@ class LiveAirflow:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "8",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{role}" for u, role in USERS.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -175,7 +182,7 @@ class LiveAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self.taxiway_home.mkdir(parents=True, exist_ok=True)
         self.config_root.mkdir(parents=True, exist_ok=True)
-        (self.home / "passwords.json").write_text(json.dumps({"admin": self.password}))
+        (self.home / "passwords.json").write_text(json.dumps({user: self.password for user in USERS}))
         migrate = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=self.env, capture_output=True,
                                  text=True, timeout=300)
         if migrate.returncode:
@@ -286,10 +293,14 @@ class LiveAirflow:
         except httpx.HTTPError:
             return False
 
-    def token(self) -> str:
-        resp = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+    def token(self, user: str = "admin") -> str:
+        resp = httpx.post(f"{self.url}/auth/token", json={"username": user, "password": self.password}, timeout=30)
         resp.raise_for_status()
         return resp.json()["access_token"]
+
+    def client(self, user: str) -> httpx.Client:
+        """A REST client acting as ``user`` (one of ``USERS``)."""
+        return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token(user)}"})
 
     # REST helpers ------------------------------------------------------------------------------
     def wait_dag(self, dag_id: str, timeout_s: float = 120) -> dict[str, Any]:
@@ -301,13 +312,6 @@ class LiveAirflow:
 
     def unpause(self, dag_id: str) -> None:
         self.api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
-
-    def deployment_config(self, name: str, body: str) -> str:
-        """A config file of this deployment's own (in its config root), extending the tiny one with
-        ``body``: what only the deployment may set (the gate, the registry, limits; docs/security.md)."""
-        path = self.config_root / f"{name}.yaml"
-        path.write_text(f"extends: {REPO / 'configs' / 'tiny.yaml'}\n{body}")
-        return str(path)
 
     def files_holding(self, text: str) -> list[str]:
         """Every file under this deployment's folders (Airflow's and Taxiway's homes, config root) that
@@ -430,7 +434,10 @@ def shared_local(tiny: Path) -> LiveAirflow:
 
         name = f"taxiway_live_{secrets.token_hex(6)}"
         create_db(name)
-        live = LiveAirflow(folder, metadata_uri=pg_uri(name), extra_env={"TAXIWAY_CONFIG": str(tiny)}, detached=True)
+        config = folder / "configs" / "deployment.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"extends: {tiny}\nlimits:\n  trigger_may_set: [{', '.join(SHARED_MAY_SET)}]\n")
+        live = LiveAirflow(folder, metadata_uri=pg_uri(name), extra_env={"TAXIWAY_CONFIG": str(config)}, detached=True)
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         try:
             live.start()
@@ -443,6 +450,11 @@ def shared_local(tiny: Path) -> LiveAirflow:
         return {**state, "stop": [sys.executable, str(Path(__file__).resolve()), json.dumps(state)]}
 
     return LiveAirflow.from_state(services.shared("live-airflow", start))
+
+
+def settings(body: str) -> dict[str, Any]:
+    """Owned settings of the shared deployment's that a test varies (``SHARED_MAY_SET``), as a conf."""
+    return yaml.safe_load(body)
 
 
 def die_with_parent() -> None:

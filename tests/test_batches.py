@@ -144,6 +144,16 @@ def test_without_a_champion_every_readable_batch_waits_for_one(home: Path, tmp_p
     assert row.state == "new" and row.reason.startswith("waiting for a champion")
     assert batches.listing(cfg.model_copy(update={"refresh": cfg.refresh.model_copy(
         update={"landing": None})})).batches == ()
+    # the listing pages: every batch is reachable, newest first, a page at a time
+    for name in ("second", "third"):
+        land_texts(home, tmp_path / name, name, {"a.txt": f"{name} document\n"})
+    pages = [batches.listing(cfg, limit=2, page=p) for p in range(3)]
+    assert [[r.id for r in p.batches] for p in pages] == [["third", "second"], ["first"], []]
+    assert {(p.total, p.limit) for p in pages} == {(3, 2)} and pages[1].to_json()["page"] == 1
+    from taxiway_airflow.runs_view import render
+
+    html = render.batches_page(pages[1], "/taxiway")
+    assert "3–3 of 3" in html and "/taxiway/batches?page=0" in html and "page=2" not in html
 
 
 def test_a_released_batch_is_recorded_and_tried_again_by_the_next_refresh(home: Path, tmp_path: Path, cfg):

@@ -174,7 +174,7 @@ def test_evaluate_stage_passes_a_good_model_and_fails_a_weak_one(strong: Path, w
     rows = (folder / "per_unit.csv").read_text().splitlines()
     assert rows[0].startswith("sequence,") and len(rows) == 129
     md = (folder / "report.md").read_text()
-    assert "# Evaluation: PASSED" in md and "## Generations" in md and "Prompt `def `" in md
+    assert "# Evaluation: PASSED" in md and "## Generations" in md and "Prompt ` def  `" in md  # a code span, padded: CommonMark shows "def "
     assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) == ["comparison.png"]  # shown, relative to the report
     gens = good["generations"]
     assert [g["prompt"] for g in gens] == ["def ", "import ", "class "]

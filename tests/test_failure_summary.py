@@ -175,3 +175,23 @@ def test_a_note_quotes_a_crafted_conf_key_or_file_name_as_text_never_as_markup()
         shown = unescape(re.sub(r"<[^>]+>", "", rendered))
         assert f"{key}: not a conf key; train/{name}: see https://evil.example/x" in shown, shown
         assert f"fix train/{name}" in shown and "/runs/`a`<b>" in shown, shown
+
+
+def test_a_prompt_in_the_evaluation_report_is_text_never_markup():
+    """``eval.prompts`` are a trigger's: the report (which the approval request a person answers quotes
+    whole) once put a prompt in single backticks, so a prompt holding one made a live image and link."""
+    from markdown_it import MarkdownIt
+
+    from eval.report import markdown
+
+    row = {"loss": 1.0, "bits_per_byte": 1.0, "perplexity": 2.7, "tokens": 10, "bytes": 40}
+    gate = {"improvement_bpb": 0.1, "confidence": 0.95, "lower_bpb": 0.05, "upper_bpb": 0.2, "min_improvement": 0.0,
+            "units": 8, "unit": "sequence", "samples": 100, "seed": 0}
+    prompt = "x` ![pwn](https://evil.example/i.png) [click](https://evil.example) `"
+    rep = {"passed": True, "summary": "s", "reason": "r", "candidate": row, "baseline": {**row, "label": "floor"},
+           "gate": gate, "generations": [{"prompt": prompt, "seed": 0, "temperature": 0.8, "top_k": 40,
+                                          "text": "````\n![pwn](https://evil.example/j.png)\n```"}]}
+    rendered = MarkdownIt("gfm-like").render(markdown(rep))
+    generations = rendered[rendered.index("Generations"):]
+    assert "<img" not in generations and "<a " not in generations, generations
+    assert "evil.example/i.png" in generations and "evil.example/j.png" in generations  # shown, as text

@@ -386,3 +386,56 @@ def test_a_landing_killed_before_its_marker_leaves_the_id_free(tmp_path: Path):
     assert landing.complete_batches(zone) == []
     batch = landing.land(src, zone, batch_id="b1")
     assert landing.complete_batches(zone) == [batch] and batch.files == 4
+
+
+def test_only_a_batchs_own_data_counts_toward_its_quarantine(home: Path, tmp_path: Path):
+    """Three refreshes shaped by a trigger's conf (``{"preflight": {"min_chars": 1000000}}``) once took a
+    batch each and quarantined it. Now a run a trigger shaped records no attempt, and a failure that is
+    not the batch's (a service, the machine, a limit) is excused; only a data failure counts."""
+    from pipelines.refresh import attempts
+    from taxiway_airflow import failure_summary
+
+    (bad,) = _batches(tmp_path / "landing", tmp_path, "bad")
+    champion = "models:/m/1"
+    for run in ("shaped-1", "shaped-2", "shaped-3"):
+        assert attempts.take([bad], run, champion, 1, record=False).kept == [bad]
+    assert attempts.take([bad], "infra", champion, 1).kept == [bad]
+    failure_summary.record(failure_summary.FailureSummary(
+        dag_id="taxiway_refresh", run_id="infra", task_id="train.gang", stage="train", kind="transient failure (try again)",
+        reason="the gang lost a node", next="-", run_folder=str(tmp_path / "run-infra"), at="2026-12-05T00:00:00+00:00"))
+    assert attempts.take([bad], "data", champion, 1).kept == [bad]  # the infra failure was excused
+    assert attempts.take([bad], "after", champion, 1).quarantined == [(bad, ["data"])]
+    assert attempts.caused_by_data("preflight", "check failed") and attempts.caused_by_data("assemble", "bad input")
+    assert not attempts.caused_by_data("train", "check failed")
+    assert not attempts.caused_by_data("preflight", "transient failure (try again)")
+
+
+def test_a_batch_and_the_landing_zone_are_bounded_by_the_deployments_limits(tmp_path: Path):
+    from pipelines.config.limits import LimitsConfig
+
+    zone, src = tmp_path / "landing", _source(tmp_path / "src", docs=3)  # 4 files, about 1,900 bytes
+    for limits, why in ((LimitsConfig(batch_files=3), r"4 files, over limits.batch_files \(3\)"),
+                        (LimitsConfig(batch_bytes=1000), r"\d+ bytes, over limits.batch_bytes \(1000\)")):
+        with pytest.raises(landing.LandingError, match=why):
+            landing.land(src, zone, batch_id="b", limits=limits)
+        assert not zone.exists() or not any(zone.iterdir()), "nothing landed"
+    landing.land(src, zone, batch_id="b1", limits=LimitsConfig(batches=1))
+    with pytest.raises(landing.LandingError, match=r"holds 1 batches, limits.batches \(1\)"):
+        landing.land(_source(tmp_path / "src2"), zone, batch_id="b2", limits=LimitsConfig(batches=1))
+
+
+def test_taxiway_land_checks_its_conf_like_every_dags_first_task(airflow_db, tmp_path: Path, monkeypatch, capfd):
+    """A run of taxiway_land made by any route (a materialized asset's conf reaches no guard's form) is
+    checked by its task: unknown keys are refused, nothing lands."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_land"]
+    src = _source(tmp_path / "src")
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", str(tmp_path))
+    dr = dag.test(run_conf={"source": str(src), "batch_id": "b1", "train": {"steps": 1}})
+    assert str(dr.state) == "failed"
+    from pipelines.config import deployment
+
+    out, err = capfd.readouterr()  # the task log (structlog, to the terminal)
+    assert "train: not a conf key; expected source, batch_id" in out + err
+    assert not (Path(deployment.config().refresh.landing) / "b1").exists()

@@ -3,7 +3,13 @@ human-in-the-loop task ``register.approval`` (state ``awaiting_input``: no worke
 until a person answers — in the UI's *Required actions* (approve, in a real browser) or over REST
 (reject, with a comment) — or the scheduler's timeout sweep answers *Reject* for no one (timed out).
 Only the approval moves ``champion``; who, when and the comment are tags on the version. An approval
-waiting past ``registry.approval_reminder_s`` is alerted to a local webhook receiver."""
+waiting past ``registry.approval_reminder_s`` is alerted to a local webhook receiver.
+
+Separation of duties, played by a user with only the ``user`` role (tom): Airflow refuses his answer (he
+is not one of ``registry.approvers``); a forged approval (his ``return_value`` XCom on the approval task,
+the task marked success) and his rewrite of ``resolve_config``'s XCom to another run's folder decide
+nothing; and the answer of the user who triggered the run, though an approver, is refused by the
+decision. The version stays pending through all of it."""
 
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from live_airflow import wait_for
+from live_airflow import settings, wait_for
 
 from conftest import sign_in
+from pipelines.run_folder import run_dir
 
 DAG = "taxiway_train"
 MODEL = "live-approval"
@@ -57,14 +64,13 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
         "connection_id": HOOK, "conn_type": "http", "host": "127.0.0.1", "port": hook.server_port, "schema": "http",
         "extra": json.dumps({"endpoint": "/hooks/approval"})})
     assert made.status_code in (201, 409), made.text
-    configs = {timeout: live.deployment_config(f"approval-{timeout}", f"registry:\n  model_name: {MODEL}\n"
-                                               f"  approval: required\n  approval_timeout_s: {timeout}\n"
-                                               f"  approval_reminder_s: {REMIND_S}\nalerts:\n  webhooks: [{HOOK}]\n")
-               for timeout in (TIMEOUT_S, 3600)}
+    policy = {timeout: settings(f"registry:\n  model_name: {MODEL}\n  approval: required\n"
+                                f"  approval_timeout_s: {timeout}\n  approval_reminder_s: {REMIND_S}\n"
+                                f"  approvers: [ada, admin]\nalerts:\n  webhooks: [{HOOK}]\n")
+              for timeout in (TIMEOUT_S, 3600)}
     runs = {}
-    for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3)):
-        own = configs[TIMEOUT_S if decision == "timeout" else 3600]
-        made = live.trigger(DAG, {"config": own, "train": {"seed": seed}})
+    for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3), ("forged", 4)):
+        made = live.trigger(DAG, {**policy[TIMEOUT_S if decision == "timeout" else 3600], "train": {"seed": seed}})
         assert made.status_code == 200, made.text
         runs[decision] = made.json()["dag_run_id"]
 
@@ -73,7 +79,7 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
         assert state in (None, "scheduled", "queued", "running", "awaiting_input"), state
         return state == "awaiting_input"
 
-    for decision in ("approve", "reject"):
+    for decision in ("approve", "reject", "forged"):
         wait_for(f"the {decision} run to wait for approval", lambda d=decision: awaiting(runs[d]), 300, every_s=2)
 
     from pipelines.registry import client
@@ -83,8 +89,9 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     listed = {a["run_id"] for a in live.api.get("/taxiway/api/approvals").json()}  # the Training runs view's list
     assert {runs["approve"], runs["reject"]} <= listed, listed
 
-    # reject over REST, with a comment
-    answered = live.api.patch(hitl(runs["reject"]), json={"chosen_options": ["Reject"], "params_input": {"comment": "overfits"}})
+    # reject over REST, with a comment, as ada (an approver)
+    ada, tom = live.client("ada"), live.client("tom")
+    answered = ada.patch(hitl(runs["reject"]), json={"chosen_options": ["Reject"], "params_input": {"comment": "overfits"}})
     assert answered.status_code == 200, answered.text
 
     # approve in the browser, from the task's Required actions page
@@ -93,7 +100,7 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     try:
         from playwright.sync_api import expect
 
-        sign_in(page, live.url, live.password)
+        sign_in(page, live.url, live.password, "ada")
         page.goto(f"{live.url}/dags/{DAG}/runs/{quote(runs['approve'], safe='')}/tasks/register.approval/"
                   "required_actions")
         expect(page.get_by_text(f"Approve {MODEL} version").first).to_be_visible()
@@ -107,10 +114,12 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
         page.screenshot(path=shots / "approval-at-failure.png", full_page=True)
         raise
 
+    _forged(live, tom, runs["forged"], other=runs["approve"])
+
     ended = {d: live.wait_run(DAG, r, timeout_s=240)["state"] for d, r in runs.items()}
-    assert ended == {"approve": "success", "reject": "success", "timeout": "success"}, ended
+    assert ended == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed"}, ended
     decided = {d: live.task_instances(DAG, r)["register.decision"]["state"] for d, r in runs.items()}
-    assert set(decided.values()) == {"success"}, decided
+    assert decided == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed"}, decided
 
     reminded = {json.loads(body)["run_id"] for body in hook.posts if json.loads(body)["event"] == "approval_waiting"}
     assert runs["approve"] in reminded, hook.posts  # it waited for the browser far longer than REMIND_S
@@ -122,8 +131,57 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     tags = {d: mv.tags for d, mv in versions.items()}
     champion = c.get_model_version_by_alias(MODEL, "champion")
     assert champion.version == versions["approve"].version
-    assert tags["approve"]["taxiway.approval"] == "approved" and tags["approve"]["taxiway.approval.by"] == "admin"
+    assert tags["approve"]["taxiway.approval"] == "approved" and tags["approve"]["taxiway.approval.by"] == "ada"
     assert tags["approve"]["taxiway.approval.comment"] == "looks right"
     assert (tags["reject"]["taxiway.approval"], tags["reject"]["taxiway.approval.comment"]) == ("rejected", "overfits")
     assert tags["timeout"]["taxiway.approval"] == "timed_out" and tags["timeout"]["taxiway.approval.by"] == "(timeout)"
     assert f"registry.approval_timeout_s ({TIMEOUT_S} s)" in tags["timeout"]["taxiway.alias_reason"]
+    assert tags["forged"]["taxiway.approval"] == "pending" and "taxiway.approval.by" not in tags["forged"]
+    forged = json.loads((run_dir(DAG, runs["forged"], live.taxiway_home) / "registry.json").read_text())
+    assert (forged["approval"], forged["approval_refused"]["by"]) == ("pending", "admin"), forged
+
+
+def _forged(live, tom, run_id: str, other: str) -> None:
+    """tom, who may edit XComs and task states but approves nothing, tries each way round the approval of
+    the run ``run_id`` (triggered by admin); then admin, an approver but the run's own triggering user, answers."""
+    assert tom.patch(hitl(run_id), json={"chosen_options": ["Approve"]}).status_code == 403  # not an approver
+    ti = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances"
+    moved = tom.patch(f"{ti}/resolve_config/xcomEntries/return_value", json={"value": {
+        "run_dir": str(run_dir(DAG, other, live.taxiway_home)), "config_sha256": "0" * 64, "name": "x"}})
+    assert moved.status_code == 200, moved.text  # every later task reads another run's folder, if it trusted this
+    forged = {"choice": "approved", "by": "ada", "by_id": "ada", "at": "2026-12-05T00:00:00+00:00", "comment": ""}
+    assert tom.post(f"{ti}/register.approval/xcomEntries", json={"key": "return_value", "value": forged}).status_code == 201
+    marked = tom.patch(f"{ti}/register.approval", json={"new_state": "success"})
+    assert marked.status_code == 200, marked.text
+    assert _decided(live, run_id, "the forged approval") == "failed"
+    assert "recorded no answer" in live.task_log(DAG, run_id, "register.decision", 1)
+
+    cleared = live.api.post(f"/api/v2/dags/{DAG}/clearTaskInstances", json={
+        "dag_run_id": run_id, "task_ids": ["register.approval", "register.decision"], "dry_run": False,
+        "only_failed": False, "reset_dag_runs": True})
+    assert cleared.status_code == 200, cleared.text
+    wait_for("the approval asked again", lambda: live.task_instances(DAG, run_id)["register.approval"]["try_number"]
+             == 2 and live.task_instances(DAG, run_id)["register.approval"]["state"] == "awaiting_input", 120, every_s=2)
+    asked = live.api.get(hitl(run_id)).json()
+    record = json.loads((run_dir(DAG, run_id, live.taxiway_home) / "registry.json").read_text())
+    assert f"version {record['version']} as champion" in asked["subject"], asked  # its own folder, not the XCom's
+    assert live.api.patch(hitl(run_id), json={"chosen_options": ["Approve"]}).status_code == 200  # admin: an approver
+    assert _decided(live, run_id, "the triggering user's approval", try_number=2) == "failed"
+    log = live.task_log(DAG, run_id, "register.decision", 2) or ""
+    assert "user 'admin' triggered this run, and may not answer its own approval" in log, log[-2000:]
+
+
+def _decided(live, run_id: str, what: str, try_number: int = 1) -> str:
+    """The state ``register.decision`` ends in, on its ``try_number``-th try, after ``what``."""
+    def ended() -> str | None:
+        ti = live.task_instances(DAG, run_id).get("register.decision", {})
+        done = ti.get("try_number") == try_number and ti.get("state") in ("success", "failed", "upstream_failed")
+        return ti["state"] if done else None
+
+    def explain() -> str:
+        tis = live.task_instances(DAG, run_id)
+        approval = live.task_log(DAG, run_id, "register.approval", try_number) or ""
+        return (str({k: (ti["state"], ti["try_number"]) for k, ti in tis.items() if k.startswith("register.")})
+                + f"\nregister.approval's log:\n{approval[-4000:]}")
+
+    return wait_for(f"the decision on {what}", ended, 120, every_s=2, explain=explain)

@@ -48,7 +48,8 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
     linked = tmp_path / "linked.yaml"
     linked.write_text(f"extends: {evil}\nname: y\n")
     escape = "configs/" + os.path.relpath(evil, REPO / "configs")
-    labels = live.deployment_config("labels", "limits:\n  trigger_may_set: [compute.kubernetes.labels]\n")
+    loose = live.config_root / "loose.yaml"  # in a config root, but not one the deployment lists
+    loose.write_text(f"extends: {REPO / 'configs' / 'tiny.yaml'}\nregistry:\n  approval: auto\n")
     cases = {
         "typo": ({"trian": {"lr": 0.1}}, "trian: not a conf key (did you mean 'train'?)"),
         "missing": ({"config": "configs/missing.yaml"}, "no such file in the config roots"),
@@ -63,10 +64,13 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
                     "compute.kubernetes.image: only the deployment sets this"),
         "gate": ({"registry": {"challenger_alias": "champion"}, "eval": {"confidence": 0.5}},
                  "registry.challenger_alias: only the deployment sets this"),
-        "escaped env": ({"config": labels, "set": ['compute.kubernetes.labels={a: "\\x24{SECRET_DB_URL}"}']},
+        "escaped env": ({"set": ['compute.kubernetes.labels={a: "\\x24{SECRET_DB_URL}"}']},
                         "compute.kubernetes.labels: Value error, a: label value must be"),
         "anchors": ({"set": ["model={a: &x [1], b: *x}"]}, "model: YAML anchors and aliases"),
         "limits": ({"limits": {"nodes": 1000}}, "limits.nodes: only the deployment sets this"),
+        "chosen config": ({"config": "loose.yaml"}, "not a config this deployment lets a trigger choose"),
+        "gate's set": ({"data": {"val": str(live.taxiway_home / "demo-data" / "train")},
+                        "preflight": {"max_overlap_fraction": 1.0}}, "data.val: only the deployment sets this"),
     }
     # a number no task could receive (msgpack stops at 64 bits): refused by the api-server, no run made
     before = live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"]
@@ -75,8 +79,9 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
     assert str(2**64 + 7) not in resp.text
     assert live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"] == before
     runs = {}
+    tom = live.client("tom")  # the ``user`` role: may trigger, not configure the deployment
     for name, (conf, _) in cases.items():
-        resp = live.trigger(DAG, conf)
+        resp = tom.post(f"/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})
         assert resp.status_code == 200, (name, resp.text)
         runs[name] = resp.json()["dag_run_id"]
     for name, run_id in runs.items():

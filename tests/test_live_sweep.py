@@ -9,6 +9,7 @@ import json
 from datetime import datetime
 
 import pytest
+from live_airflow import settings
 
 DAG = "taxiway_sweep"
 MODEL = "live-sweep"
@@ -35,10 +36,10 @@ def test_a_sweep_over_rest_trains_its_members_side_by_side_and_registers_the_bes
     live.wait_dag(DAG)
     live.unpause(DAG)
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry and runs
-    own = live.deployment_config("sweep", f"registry:\n  model_name: {MODEL}\n")  # the refresh test's champion is not ours
+    own = settings(f"registry:\n  model_name: {MODEL}\n")  # the refresh test's champion is not ours
     # one-node gangs; 1e18, not more: PostgreSQL's jsonb turns a conf's 1e38 into an integer no task can start with
     sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}, {"train.lr": 1e18}]
-    resp = live.trigger(DAG, {"config": own, "sweep": sweep, "train": {"steps": 10},
+    resp = live.trigger(DAG, {**own, "sweep": sweep, "train": {"steps": 10},
                               "checkpoint": {"every_steps": 10}, "compute": {"nodes": 1}})
     assert resp.status_code == 200, resp.text
     run_id = resp.json()["dag_run_id"]
@@ -130,8 +131,8 @@ def test_a_sweeps_points_are_a_triggers_values_refused_before_any_stage(live_air
     live.wait_dag(DAG)
     live.unpause(DAG)
     cases = {
-        "owned": ([{"compute.kubernetes.labels": {"a": "${SECRET_DB_URL}"}}, {"train.lr": 0.01}],
-                  "sweep[0].compute.kubernetes.labels: only the deployment sets this"),
+        "owned": ([{"compute.kubernetes.env": {"A": "${SECRET_DB_URL}"}}, {"train.lr": 0.01}],
+                  "sweep[0].compute.kubernetes.env: only the deployment sets this"),
         "huge": ({f"train.k{i}": list(range(15)) for i in range(6)}, "11,390,625 member(s); a sweep has 2 to 16"),
     }
     runs = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from live_airflow import wait_for
+from live_airflow import USERS, settings, wait_for
 
 from conftest import sign_in
 
@@ -30,9 +30,9 @@ def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, sh
 
     live = live_airflow
     monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
-    own = live.deployment_config("ui", "registry:\n  model_name: live-ui\n  lock_timeout_s: 2\n")
+    own = settings("registry:\n  model_name: live-ui\n  lock_timeout_s: 2\n")
     with champion_lock(None, "live-ui", timeout_s=60):
-        good = live.trigger(DAG, {"config": own, "train": {"seed": 11}})
+        good = live.trigger(DAG, {**own, "train": {"seed": 11}})
         bad = live.trigger(DAG, {"trian": {"lr": 0.1}})  # a typo: resolve_config fails, naming it
         assert good.status_code == bad.status_code == 200, (good.text, bad.text)
         good_id, bad_id = good.json()["dag_run_id"], bad.json()["dag_run_id"]
@@ -122,7 +122,7 @@ def test_a_quarantined_batch_released_in_the_browser(live_airflow, browser, shot
     own = LiveAirflow(tmp_path / "batches", metadata_uri=live_airflow.init["metadata_uri"],
                       extra_env={"TAXIWAY_CONFIG": str(TINY)}, secrets_=live_airflow.init["secrets"])
     own.home.mkdir(parents=True)
-    (own.home / "passwords.json").write_text(json.dumps({"admin": own.password}))
+    (own.home / "passwords.json").write_text(json.dumps({user: own.password for user in USERS}))
     own.launch("api-server")  # starts while the batches land
     try:
         bad, champion = _landing_zone(own.taxiway_home, tmp_path, monkeypatch)

@@ -61,6 +61,13 @@ def test_data_paths_only_under_the_data_roots(roots: Roots, tmp_path: Path):
                          ("data.train", "s3://bucket/other"), ("data.val", "s3://bucket/corpus/../other")]:
         with pytest.raises(OutOfBounds, match=f"{field}: .* is outside the data roots"):
             roots.check_data({field: value})
+    # fsspec reads a :: chain as a URI whatever follows: judged as one, and no URI root starts with it
+    for field, value in [("data.train", "simplecache::relative/path"), ("data.val", "simplecache::s3://bucket/corpus/v")]:
+        with pytest.raises(OutOfBounds, match=f"{field}: .* is outside the data roots"):
+            roots.check_data({field: value})
+    for value in ("relative/train", "~/train", "train"):  # what the worker's working folder makes of it
+        with pytest.raises(OutOfBounds, match="data.train: .* is relative"):
+            roots.check_data({"data.train": value})
     for field, value in [("data.val", str(data / ".." / "x")), ("data.train", f"{data}/tr[a]in/../../../../etc/pass*"),
                          ("data.manifest", f"{data}/x[/../../shadow.yaml")]:
         with pytest.raises(OutOfBounds, match=f"{field}: .* has a '..' segment"):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import TINY
 from pipelines import manifest
-from pipelines.config import load_config
+from pipelines.config import ConfigError, load_config
 from trainer import fsio
 from trainer.data import PackedSplit, ShardedSampler
 
@@ -317,9 +317,10 @@ def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
     from pipelines.tokenize.bpe import TokenizerError
 
     cache = Path(os.environ["TAXIWAY_HOME"]) / "cache"
-    (tmp_path / "broken.json").write_text("{not a tokenizer")
-    with pytest.raises(TokenizerError, match=r"broken.json: tokenizer does not load"):
+    (tmp_path / "broken.json").write_text('{"secret-in-the-file": 1}')  # the library's error quotes it
+    with pytest.raises(TokenizerError, match=r"broken.json: not a tokenizer.json the tokenizers library loads") as err:
         tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'broken.json'}"))
+    assert "secret-in-the-file" not in str(err.value)
     with pytest.raises(ValueError, match=r"pack.dtype: vocabulary of \d+ tokens does not fit uint16"):
         big = _tokenizer_file()
         from tokenizers import Tokenizer
@@ -328,6 +329,10 @@ def test_bad_inputs_leave_nothing_half_written(corpus: Path, tmp_path: Path):
         t.add_tokens([f"<extra{i}>" for i in range(70_000)])
         t.save(str(tmp_path / "big.json"))
         tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'big.json'}", "pack.dtype=uint16"))
+    # limits are held to the model built on the real vocabulary, not to tokenizer.vocab_size (a 300k-token
+    # file estimated at 0.8 B parameters became 3.27 B)
+    with pytest.raises(ConfigError, match=r"the tokenizer's 70,300 tokens\) has [\d,]+ parameters, over limits.parameters"):
+        tokenize.pack_splits(_cfg(corpus, f"tokenizer.path={tmp_path / 'big.json'}", "limits.parameters=1000000"))
     (corpus / "train" / "005.txt").write_bytes(b"\xff\xfe broken utf-8")
     manifest.write(corpus / "manifest.jsonl", manifest.scan(corpus))
     with pytest.raises(DocumentError, match=r"train/005.txt: invalid UTF-8"):

@@ -83,3 +83,24 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: 
 
     exported_a, exported_b = load_file(ref / "model" / "model.safetensors"), load_file(run / "model" / "model.safetensors")
     assert all(torch.equal(exported_a[k], exported_b[k]) for k in exported_a)
+
+
+def test_rng_state_reads_back_weights_only_and_an_old_pickle_is_not_run(tmp_path: Path):
+    """A checkpoint may be a parent downloaded from MLflow: every file is read with weights_only=True.
+    The RNG state (numpy's included) round-trips so; a file pickled the old way is refused, not run."""
+    import random
+
+    import numpy as np
+
+    checkpoint.write_rank_state(tmp_path, 1, 0)
+    expected = (random.random(), np.random.random(), torch.rand(1).item())
+    state = checkpoint._rng(checkpoint.inprogress_dir(tmp_path, 1) / "rng-rank0.pt")
+    checkpoint.set_rng_state(state)
+    assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    torch.save({"numpy": np.random.get_state(), "payload": Payload()}, tmp_path / "old.pt")
+    assert checkpoint._rng(tmp_path / "old.pt") is None and not (tmp_path / "ran").exists()

@@ -72,3 +72,14 @@ def test_a_backfill_of_a_taxiway_dag_is_held_to_the_same_rule():
 def test_every_other_trigger_reaches_airflow_with_its_body_as_sent(path: str, doc: dict):
     resp = _post(path, doc)
     assert resp.status_code == 200 and json.loads(resp.json()["received"]) == doc
+
+
+def test_an_asset_materialization_and_a_sub_path_base_url_are_held_to_the_same_rule():
+    """``POST /api/v2/assets/{id}/materialize`` creates a run of the asset's producer (taxiway_land for
+    the landing zone) with a conf; and an api-server on a sub-path (``[api] base_url``) prefixes every
+    route. Both once went around the guard."""
+    for path, doc in (("/api/v2/assets/7/materialize", {"conf": {"source": "/data/x", "n": 2**64}}),
+                      ("/airflow/api/v2/dags/taxiway_train/dagRuns", {"conf": {"n": 2**64}}),
+                      ("/team/a/api/v2/backfills", {"dag_id": "taxiway_train", "dag_run_conf": {"n": 2**64}})):
+        resp = _post(path, doc)
+        assert resp.status_code == 400 and "n: a number outside" in resp.json()["detail"], (path, resp.text)

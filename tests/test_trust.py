@@ -101,6 +101,14 @@ def test_limits_bound_a_run_and_a_trigger_cannot_raise_them(demo_data, tmp_path,
     assert "train.steps (2000000) exceeds limits.steps (1000000)" in text
     assert "over limits.parameters" in text and "over limits.checkpoint_disk_gb" in text
     assert "train.steps / train.log_every is over 1,000,000 lines" in text
+    text = _refused({"compute": {"threads_per_proc": 17}, "preflight": {"workers": 64},
+                     "tokenizer": {"train_max_bytes": None}})
+    assert "compute.threads_per_proc (17) exceeds limits.threads_per_proc (16)" in text
+    assert "preflight.workers (64) exceeds limits.preflight_workers (16)" in text
+    assert "tokenizer.train_max_bytes (null: every train file) exceeds limits.tokenizer_train_bytes" in text
+    from taxiway_airflow.tasks.train import max_mapped  # shard sizes of 1 fan out no wider than this
+
+    assert max_mapped(_config({"set": ["preflight.shard_bytes=1", "pack.shard_bytes=1"]})) == 256
     small = deployment_config(tmp_path, monkeypatch, "limits:\n  sweep_members: 3\n")
     from pipelines.sweep import points
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -49,7 +50,12 @@ def inprogress_dir(root: Path, step: int) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state in what ``torch.load(weights_only=True)`` reads back (tensors, numbers,
+    tuples): a checkpoint may come from elsewhere (a parent downloaded from MLflow), and a pickle runs
+    code as it loads."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -57,7 +63,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -234,5 +241,15 @@ def load(path: Path, rank: int) -> dict[str, Any]:
         "meta": meta,
         "model": torch.load(path / "model.pt", map_location="cpu", weights_only=True),
         "optim": torch.load(path / "optim.pt", map_location="cpu", weights_only=True),
-        "rng": torch.load(rng_file, weights_only=False) if rng_file.exists() else None,
+        "rng": _rng(rng_file) if rng_file.exists() else None,
     }
+
+
+def _rng(path: Path) -> dict[str, Any] | None:
+    """A rank's RNG state, read weights-only; one written before (a numpy array pickled whole) is not
+    read: the run resumes with fresh generators, as when a rank's file is missing."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        log.warning("%s: written by an older trainer (pickled numpy state); resuming with fresh generators", path)
+        return None

@@ -3,8 +3,10 @@ refresh after it, and does not take healthy batches down with it.
 
 A batch is tried by a refresh run when the run's plan takes it; the batch stays new (unconsumed)
 until a refresh that trained on it becomes champion. So every earlier run recorded for a batch
-that is still new against the same champion is a failed attempt: failed preflight, failed
-training, or a gate the version did not pass. Batches that never failed go first, together; a
+that is still new against the same champion is a failed attempt: failed preflight, refused data, or
+a gate the version did not pass. A failure that is not the batch's (a service, the machine, a limit,
+a cancel) is excused (``excuse``), and a run a trigger shaped (its conf overrides a setting) records no
+attempt at all: only the batch's own data counts toward its quarantine. Batches that never failed go first, together; a
 batch that failed before is then tried alone, so only the batch that fails by itself reaches
 ``refresh.max_attempts`` and is quarantined. Kept in ``$TAXIWAY_HOME/refresh/attempts.json`` (one
 writer at a time under a file lock, written atomically), keyed by batch id, manifest sha256 and
@@ -26,13 +28,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import BadInput
+from pipelines.errors import BadInput, CheckFailed
 from pipelines.refresh.landing import Batch
 from pipelines.run_folder import taxiway_home
 from trainer import fsio
 
 RELEASED = "released"  # attempts.json's key of the release records (a batch's key holds two spaces)
+EXCUSED = "excused"    # its key of the runs whose failure was not their batches' (``excuse``)
 MAX_WHO = 200  # characters of a releaser's name kept
+DATA_STAGES = ("assemble", "preflight", "tokenize")  # where a refresh reads its batches' data
 
 
 class NotQuarantined(BadInput):
@@ -68,20 +72,36 @@ def _locked(target: Path) -> Iterator[dict]:
         fsio.write_json(target, state)
 
 
-def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int) -> Taken:
-    """Decide which of the new ``batches`` this run (``run_key``) tries, and record the attempt."""
+def take(batches: list[Batch], run_key: str, champion: str, max_attempts: int, record: bool = True) -> Taken:
+    """Decide which of the new ``batches`` this run (``run_key``) tries, and record the attempt (not with
+    ``record=False``: a run a trigger shaped, whose failure says nothing of the batch)."""
     with _locked(path()) as state:
-        failed = {b.id: [r for r in state.get(_key(b, champion), []) if r != run_key]
+        excused = state.get(EXCUSED, {})
+        failed = {b.id: [r for r in state.get(_key(b, champion), []) if r != run_key and r not in excused]
                   for b in batches}
         quarantined = [(b, failed[b.id]) for b in batches if len(failed[b.id]) >= max_attempts]
         left = [b for b in batches if len(failed[b.id]) < max_attempts]
         never = [b for b in left if not failed[b.id]]
         kept = never or left[:1]
-        for batch in kept:
+        for batch in kept if record else []:
             runs = state.setdefault(_key(batch, champion), [])
             if run_key not in runs:
                 runs.append(run_key)
     return Taken(kept, [b for b in left if b not in kept], quarantined)
+
+
+def caused_by_data(stage: str, kind: str) -> bool:
+    """Whether a refresh that failed at ``stage`` with a failure of ``kind`` (``pipelines.errors``' label)
+    failed on its batches' data: refused or failed checks where the data is read. Anything else (a
+    service, the machine, a limit, a cancel, the trainer) is ``excuse``d."""
+    return stage in DATA_STAGES and kind in (BadInput.label, CheckFailed.label)
+
+
+def excuse(run_key: str, why: str) -> None:
+    """The refresh run ``run_key`` failed for a cause not in its batches' data (a service, the machine, a
+    limit): its attempt no longer counts toward any batch's quarantine."""
+    with _locked(path()) as state:
+        state.setdefault(EXCUSED, {})[run_key] = why[:MAX_WHO]
 
 
 def _repeats_path() -> Path:
@@ -108,7 +128,8 @@ def _read(target: Path) -> dict[str, Any]:
 def tried(batches: list[Batch], champion: str) -> dict[str, list[str]]:
     """Batch id → the refresh runs recorded as having tried it against ``champion`` (oldest first)."""
     state = _read(path())
-    return {b.id: list(state.get(_key(b, champion), [])) for b in batches}
+    excused = state.get(EXCUSED, {})
+    return {b.id: [r for r in state.get(_key(b, champion), []) if r not in excused] for b in batches}
 
 
 def released(batches: list[Batch]) -> dict[str, list[dict[str, Any]]]:

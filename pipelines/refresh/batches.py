@@ -66,7 +66,7 @@ class BatchRow:
 
 @dataclass(frozen=True)
 class Listing:
-    """The landing zone as the page shows it: ``batches`` are the newest ``limit`` of ``total``."""
+    """The landing zone as the page shows it: ``batches`` are one page (``limit``) of ``total``."""
 
     landing: str | None
     champion: str | None
@@ -74,10 +74,12 @@ class Listing:
     batches: tuple[BatchRow, ...] = ()
     total: int = 0
     limit: int = MAX_BATCHES
+    page: int = 0  # ``batches`` are the page-th ``limit`` of all, newest first
 
     def to_json(self) -> dict[str, Any]:
         return {"landing": self.landing, "champion": self.champion, "max_attempts": self.max_attempts,
-                "total": self.total, "limit": self.limit, "batches": [b.to_json() for b in self.batches]}
+                "total": self.total, "limit": self.limit, "page": self.page,
+                "batches": [b.to_json() for b in self.batches]}
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,11 @@ class _Facts:
     releases: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def listing(cfg: RunConfig, limit: int = MAX_BATCHES) -> Listing:
-    """Every batch in ``refresh.landing`` with its state, newest first, at most ``limit``."""
+def listing(cfg: RunConfig, limit: int = MAX_BATCHES, page: int = 0) -> Listing:
+    """The batches in ``refresh.landing`` with their states, newest first: the ``page``-th ``limit`` of them."""
     zone = cfg.refresh.landing
     if not zone:
-        return Listing(None, None, cfg.refresh.max_attempts, limit=limit)
+        return Listing(None, None, cfg.refresh.max_attempts, limit=limit, page=page)
     batches, invalid = landing.scan(zone)
     facts = _facts(cfg, batches)
     entries: list[tuple[str, str, Batch | str]] = [(b.landed_at, b.id, b) for b in batches]
@@ -106,8 +108,8 @@ def listing(cfg: RunConfig, limit: int = MAX_BATCHES) -> Listing:
     entries += [(str(markers[name].get("landed_at", "")), name, why) for name, why in invalid]
     entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
     rows = [_row(item, facts) if isinstance(item, Batch) else _invalid_row(zone, name, item, markers[name])
-            for _, name, item in entries[:limit]]
-    return Listing(zone, facts.champion, cfg.refresh.max_attempts, tuple(rows), len(entries), limit)
+            for _, name, item in entries[page * limit:(page + 1) * limit]]
+    return Listing(zone, facts.champion, cfg.refresh.max_attempts, tuple(rows), len(entries), limit, page)
 
 
 def release(cfg: RunConfig, batch_id: str, who: str) -> dict[str, Any]:

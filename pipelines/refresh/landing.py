@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from pipelines import documents, manifest, storage
+from pipelines.config.limits import LimitsConfig
 from pipelines.errors import BadInput
 from trainer import fsio
 
@@ -80,12 +81,15 @@ def check_batch_id(batch_id: str) -> str:
     return batch_id
 
 
-def land(src: str | Path, landing: str | Path, batch_id: str | None = None, fmt: str | None = None) -> Batch:
+def land(src: str | Path, landing: str | Path, batch_id: str | None = None, fmt: str | None = None,
+         limits: LimitsConfig | None = None) -> Batch:
     """Copy the folder ``src`` (``train/`` and optionally ``val/``) into the landing zone as a batch:
     files first, then the manifest, then the marker. An interrupted copy leaves no marker, so no
     reader ever sees it; a source holding links or special files, files the pipeline cannot read as
-    documents (``fmt``: the deployment's ``data.format``, else each file's extension), or an id that
-    exists, is refused."""
+    documents (``fmt``: the deployment's ``data.format``, else each file's extension), more files or
+    bytes than ``limits`` allow a batch (the deployment's; default ``LimitsConfig()``), a zone already
+    holding ``limits.batches`` batches, or an id that exists, is refused."""
+    limits = limits or LimitsConfig()
     source = Path(src)
     if not (source / "train").is_dir():
         raise LandingError(f"{source}: a batch needs a train/ folder (and may have val/)")
@@ -95,6 +99,13 @@ def land(src: str | Path, landing: str | Path, batch_id: str | None = None, fmt:
     rels = _regular_files(source)
     if not any(rel.parts[0] == "train" for rel in rels):
         raise LandingError(f"{source}: train/ holds no files")
+    if len(rels) > limits.batch_files:
+        raise LandingError(f"{source}: {len(rels)} files, over limits.batch_files ({limits.batch_files}); nothing landed")
+    if (size := sum(os.lstat(source / rel).st_size for rel in rels)) > limits.batch_bytes:
+        raise LandingError(f"{source}: {size} bytes, over limits.batch_bytes ({limits.batch_bytes}); nothing landed")
+    if (held := len(scan(landing)[0])) >= limits.batches:
+        raise LandingError(f"{landing}: holds {held} batches, limits.batches ({limits.batches}); remove trained "
+                           "batches before landing more")
     _refuse(source, unreadable(source, rels, fmt),
             "every file must read as documents (.txt in UTF-8, .jsonl lines with a string 'text', .parquet with a "
             "'text' column; or set data.format)")

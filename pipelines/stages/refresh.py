@@ -20,12 +20,13 @@ from trainer import fsio
 __all__ = ["NothingNew", "assemble", "plan"]
 
 
-def plan(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
+def plan(cfg: RunConfig, run_dir: Path, run_key: str, counts: bool = True) -> Decision:
     """Plan this refresh (the deployment's config ``cfg`` continued from the champion on the batches
     new to it, or nothing to do and why) and write ``refresh/plan.json``, once per run: a retry (or a clear) of the
     plan task returns the decision already made, so the run's data never changes under its
     checkpoints. Batches past ``refresh.max_attempts`` failed refreshes are quarantined, batches that
-    failed before wait while new ones go first (``attempts``); invalid batches are reported."""
+    failed before wait while new ones go first (``attempts``); invalid batches are reported. ``counts``:
+    whether this run's failure would count against its batches (not for a run a trigger shaped)."""
     folder = RunFolder(run_dir)
     if folder.refresh_plan.exists():
         made = RefreshPlan.load(run_dir)
@@ -36,7 +37,8 @@ def plan(cfg: RunConfig, run_dir: Path, run_key: str) -> Decision:
     triage, champion, ledger, invalid = new_since_champion(cfg, run_dir)
     known = attempts.repeats(triage.new, champion) if champion else {}
     fresh = [b for b in triage.new if b.id not in known]
-    taken = attempts.take(fresh, run_key, champion, cfg.refresh.max_attempts) if champion else attempts.Taken(fresh)
+    taken = (attempts.take(fresh, run_key, champion, cfg.refresh.max_attempts, record=counts) if champion
+             else attempts.Taken(fresh))
     notes = [triage.summary()] + [f"{name} invalid: {why}" for name, why in invalid] + [
         f"{bid} dropped: {why}" for bid, why in known.items()] + [
         f"{b.id} quarantined: it took part in {len(runs)} failed refresh(es) ({', '.join(runs)}), "

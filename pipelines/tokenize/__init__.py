@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipelines import heap, manifest, storage
-from pipelines.config import RunConfig
+from pipelines.config import ConfigError, RunConfig, limits
 from pipelines.documents import read_documents, split_files
 from pipelines.errors import BadInput
 from pipelines.run_folder import Cache, RunFolder, cache_dir
@@ -117,6 +117,8 @@ def inputs(cfg: RunConfig, splits: tuple[str, ...] = manifest.SPLITS) -> Inputs:
             or (split == "train" and not cfg.tokenizer.path)}
     tok_path = tokenizer_for(cfg, refs.get("train", []))
     tok = bpe.load(tok_path, cfg.tokenizer.eos_token)
+    if built := limits.problems(cfg, tok.get_vocab_size()):  # the model the trainer builds on this vocabulary
+        raise ConfigError({"limits": "; ".join(built)}, str(tok_path))
     return Inputs(tok_path, fsio.sha256_file(tok_path), tok, dtype_for(tok.get_vocab_size(), cfg.pack.dtype),
                   {split: split_groups(refs[split]) for split in manifest.SPLITS if split in splits},
                   {e.path: e.bytes for e in entries})

@@ -41,7 +41,8 @@ def load(path: str | Path, eos_token: str):
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises plain Exception subclasses
-        raise TokenizerError(f"{path}: tokenizer does not load ({exc})") from None
+        # the library's message may quote the file: its kind only
+        raise TokenizerError(f"{path}: not a tokenizer.json the tokenizers library loads ({type(exc).__name__})") from None
     if tok.token_to_id(eos_token) is None:
         raise TokenizerError(f"{path}: tokenizer has no token {eos_token!r} (tokenizer.eos_token)")
     tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, never a boundary

@@ -27,9 +27,11 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from eval.markdown import code, text
 from pipelines.errors import BadInput, CheckFailed, Transient, kind_of
+from pipelines.refresh import attempts
 from pipelines.run_folder import RunFolder, run_dir
-from taxiway_airflow.run_note import code, set_note, text
+from taxiway_airflow.run_note import set_note
 from trainer import fsio
 
 log = logging.getLogger("taxiway")
@@ -37,6 +39,7 @@ log = logging.getLogger("taxiway")
 MAX_REASON = 300
 TASK_SUMMARY_WAIT_S = 10.0  # how long the DAG's callback waits for the failed task's own summary
 _MANIFEST_LINE = re.compile(r"(\S+\.jsonl):(\d+)")
+REFRESH_DAG = "taxiway_refresh"  # whose failures may count against the batches it tried (refresh.attempts)
 SWEEP_MEMBER = "sweep.member."  # taxiway_sweep's mapped member group: one map index per member
 
 
@@ -181,6 +184,8 @@ def record(summary: FailureSummary) -> None:
     # then finds it instead of replacing the note with a poorer summary of its own. A sweep member's
     # goes to the member's folder: the run's failure.json stays the run's own
     fsio.write_json(RunFolder(Path(summary.run_folder)).failure_summary, asdict(summary))
+    if summary.dag_id == REFRESH_DAG and not attempts.caused_by_data(summary.stage, summary.kind):
+        attempts.excuse(summary.run_id, f"{summary.stage} ({summary.kind})")  # not its batches' fault
     if why := set_note(summary.dag_id, summary.run_id, summary.note()):
         log.warning("could not set the run's note: %s", why)
     log.error("%s", summary.line())

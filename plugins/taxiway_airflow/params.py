@@ -184,16 +184,17 @@ def changed_leaves(value: Any, default: Any) -> Any:
     return _MISSING if value == default else value
 
 
-def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> None:
+def check_conf(conf: dict[str, Any], extra_keys: tuple[str, ...] = (), keys: tuple[str, ...] | None = None) -> None:
     """Refuse what the params cannot: unknown top-level keys (Airflow accepts any), a conf too large
     or too deeply nested to be a run's settings, and, anywhere in it (``set`` lines' values too), a
     number msgpack cannot carry to a task, named by its key, never echoed. Values are taken as they
     are: ``${VAR}`` in a conf is text, never read from the worker's environment (docs/security.md).
-    ``extra_keys``: a DAG's own keys beside the config's (taxiway_sweep's ``sweep``)."""
+    ``extra_keys``: a DAG's own keys beside the config's (taxiway_sweep's ``sweep``); ``keys``: a DAG's
+    whole set instead of the config's (taxiway_land's params): every DAG's first task runs this check."""
+    known = (CONF_KEYS if keys is None else keys) + extra_keys
     expected = (f"expected config, set, a config section ({', '.join(SECTIONS)}) or a form field "
-                f"(section_field, e.g. {FIELD_KEYS[0]}, train_lr)")
-    errors = {str(k)[:80]: "not a conf key" + suggest(str(k), CONF_KEYS) + f"; {expected}"
-              for k in conf if k not in CONF_KEYS + extra_keys}
+                f"(section_field, e.g. {FIELD_KEYS[0]}, train_lr)" if keys is None else f"expected {', '.join(known)}")
+    errors = {str(k)[:80]: "not a conf key" + suggest(str(k), known) + f"; {expected}" for k in conf if k not in known}
     if len(json.dumps(conf, default=str)) > MAX_CONF_BYTES:
         errors["conf"] = f"larger than {MAX_CONF_BYTES // 1024} KiB as JSON"
     if (deepest := max((_depth(v) for v in conf.values()), default=0)) > MAX_DEPTH:

@@ -1,4 +1,4 @@
-"""Refuses, in the api-server, a trigger (or backfill) of a Taxiway DAG whose ``conf`` holds a number a task could
+"""Refuses, in the api-server, a trigger, backfill or asset materialization of a Taxiway DAG whose ``conf`` holds a number a task could
 never receive. Airflow stores a run's conf as sent (PostgreSQL's jsonb keeps any integer, and a whole
 float as one) and sends it to each task with msgpack, which stops at 64 bits: every task of such a
 run then fails before it starts, with an empty log. ``params.check_conf`` runs in the first task,
@@ -15,8 +15,12 @@ from typing import Any
 from taxiway_airflow.conf_numbers import bad_numbers
 
 TAXIWAY_DAGS = ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep")
-TRIGGER = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")  # body: {"conf": {...}}
-BACKFILL = re.compile(r"^/api/v2/backfills(/dry_run)?/?$")       # body: {"dag_id": ..., "dag_run_conf": {...}}
+# every route that creates a run with a conf, under any prefix ([api] base_url on a sub-path)
+_PREFIX = r"^(?:/[^?#]*)?"
+TRIGGER = re.compile(_PREFIX + r"/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")      # body: {"conf": {...}}
+BACKFILL = re.compile(_PREFIX + r"/api/v2/backfills(/dry_run)?/?$")             # {"dag_id", "dag_run_conf"}
+# a run of the asset's producing DAG, whichever it is (the route names the asset by id): every conf is checked
+MATERIALIZE = re.compile(_PREFIX + r"/api/v2/assets/[^/]+/materialize/?$")      # body: {"conf": {...}}
 MAX_NAMED = 20  # keys named in one refusal: the answer stays short whatever the trigger sent
 MAX_BODY = 1 << 20  # a Taxiway conf is at most 64 KiB (params.MAX_CONF_BYTES): a body past 1 MiB is refused unread
 
@@ -28,7 +32,8 @@ class TriggerConfGuard:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" and scope["method"] == "POST" else ""
         trigger = TRIGGER.match(path)
-        guarded = trigger["dag"] in TAXIWAY_DAGS if trigger else BACKFILL.match(path) is not None
+        materialize = MATERIALIZE.match(path) is not None
+        guarded = (trigger["dag"] in TAXIWAY_DAGS if trigger else materialize or BACKFILL.match(path) is not None)
         if not guarded:
             return await self.app(scope, receive, send)
         body, more = b"", True
@@ -38,7 +43,7 @@ class TriggerConfGuard:
             more = message.get("more_body", False)
         if len(body) > MAX_BODY:
             return await _refuse(send, 413, f"request body larger than {MAX_BODY >> 20} MiB; a conf is at most 64 KiB")
-        if problems := _conf_problems(body, dag_from_path=trigger is not None):
+        if problems := _conf_problems(body, dag_from_path=trigger is not None or materialize):
             named = "; ".join(f"{path}: {why}" for path, why in problems[:MAX_NAMED])
             more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
             return await _refuse(send, 400, f"conf: {named}{more}")

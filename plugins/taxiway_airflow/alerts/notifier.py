@@ -10,22 +10,27 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
-from pipelines.config import load_config
+from pipelines.config import deployment
 from pipelines.config.alerts import AlertsConfig
-from pipelines.run_folder import RunFolder, run_dir
+from pipelines.errors import BadInput
+from pipelines.run_folder import run_dir
 from taxiway_airflow.alerts.alert import Alert
 from taxiway_airflow.alerts.delivery import deliver, why
+from taxiway_airflow.alerts.once import claim
 from taxiway_airflow.failure_summary import recorded
-from taxiway_airflow.params import default_config_path
+from taxiway_airflow.tasks.common import run_config
 
 log = logging.getLogger("taxiway")
 
 
 def run_alerts(dag_id: str, run_id: str) -> AlertsConfig:
-    """The ``alerts`` a run was configured with: its run folder's ``config.yaml``, or the deployment's
-    config (``TAXIWAY_CONFIG``) when the run failed before it had one. A trigger never sets this section."""
-    config = RunFolder(run_dir(dag_id, run_id)).config
-    return load_config(config if config.exists() else default_config_path()).alerts
+    """The ``alerts`` a run was configured with: its run folder's, as its tasks read it (held to the
+    deployment's config: only a deployment that lists them in ``limits.trigger_may_set`` lets a trigger
+    set them), or the deployment's when the run failed before it had a folder, or with one refused."""
+    try:
+        return run_config(run_dir(dag_id, run_id)).alerts
+    except BadInput:
+        return deployment.config().alerts
 
 
 def failure_line(context: dict[str, Any]) -> str:
@@ -48,5 +53,8 @@ class RunFailedNotifier(BaseNotifier):
             alert, cfg = Alert("run_failed", dag_id, run_id, failure_line(context)), run_alerts(dag_id, run_id)
         except Exception as exc:  # the run's failure is what matters; its alert is a courtesy
             log.warning("no alert for the failed run: %s", why(exc))
+            return
+        if (cfg.email or cfg.webhooks) and not claim(f"run_failed {dag_id} {run_id}"):
+            log.info("the failure of %s was alerted before (a cleared run that failed again)", run_id)
             return
         deliver(alert, cfg)

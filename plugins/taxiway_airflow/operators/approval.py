@@ -20,6 +20,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowSkipException
 
+from eval.markdown import text
 from pipelines.registry.approval import MAX_COMMENT
 from pipelines.run_folder import RunFolder
 from pipelines.stages import register as register_stage
@@ -51,7 +52,7 @@ def body(run_dir: Any, dag_id: str, run_id: str) -> str:
         report = report[:MAX_BODY] + "\n\n… (cut; the full report is behind the link above)"
     links = " · ".join(f"[{label}]({go_url(target, dag_id, run_id)})" for label, target in (
         ("Evaluation report", "eval-report"), ("MLflow run", "mlflow-run"), ("Model version", "model-version")))
-    return (f"**{record['model_name']} version {record['version']}** passed its gate and waits for your approval "
+    return (f"**{text(record['model_name'])} version {text(record['version'])}** passed its gate and waits for your approval "
             f"to become `champion`. *Approve* moves the alias (only while the champion is still the model it was "
             f"evaluated against); *Reject* leaves it `challenger`.\n\n{links}\n\n---\n\n{report}")
 
@@ -94,19 +95,17 @@ class ApprovalGate(HITLOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """The answer as Airflow's human-in-the-loop record holds it (who answered, what, when; a timeout
         answers *Reject* for no one: ``timed_out``), written to the run folder's ``approval.json``, which
-        the decision task reads: never an XCom, which a user who may edit XComs could write."""
-        from airflow.sdk.execution_time.hitl import get_hitl_detail_content_detail  # the task runner's comms: only here
-
-        super().execute_complete(context, event)  # checks the options and the comment
-        answer = get_hitl_detail_content_detail(context["ti"].id)
-        user = answer.responded_by_user
-        at = answer.responded_at or datetime.now(UTC)
-        choice = ("timed_out" if user is None or event.get("timedout") else
-                  "approved" if answer.chosen_options == [APPROVE] else "rejected")
-        out = {"choice": choice, "by": None if choice == "timed_out" else user.name,
-               "by_id": None if choice == "timed_out" else str(user.id),
+        the decision task reads: never an XCom, which a user who may edit XComs could write. ``event`` is
+        that record: the api-server (or the scheduler's timeout sweep) builds it from the HITL row as it
+        resumes the task, and no REST route writes it."""
+        timed_out = bool(event.get("timedout"))
+        answer = super().execute_complete(context, event)  # checks the options and the comment
+        user = None if timed_out else answer["responded_by_user"]
+        at = answer["responded_at"] or datetime.now(UTC)
+        choice = ("timed_out" if not user else "approved" if answer["chosen_options"] == [APPROVE] else "rejected")
+        out = {"choice": choice, "by": user and (user.get("name") or user.get("id")), "by_id": user and str(user["id"]),
                "at": at.astimezone(UTC).isoformat(timespec="seconds"),
-               "comment": str((answer.params_input or {}).get("comment") or "")[:MAX_COMMENT]}
+               "comment": str((answer["params_input"] or {}).get("comment") or "")[:MAX_COMMENT]}
         fsio.write_json(RunFolder(approval_dir()).approval_answer, out)
         return out
 

@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 from airflow.api_fastapi.core_api.security import DagAccessEntity, GetUserDep, requires_access_dag
 from airflow.models.dagrun import DagRun
 from airflow.utils.session import create_session
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from sqlalchemy import select
 from sqlalchemy.orm import joinedload
@@ -69,12 +69,15 @@ class TtlCache:
             self._entries[key] = (time.monotonic(), value)
         return value
 
-    def drop(self, key: Any) -> None:
-        """Forget ``key``: the next read computes it (after a write the page must show)."""
+    def drop(self, prefix: tuple[Any, ...]) -> None:
+        """Forget every key that begins with ``prefix`` (a listing's every page): the next read computes
+        it (after a write the page must show)."""
         with self._lock:
-            self._entries.pop(key, None)
+            for key in [k for k in self._entries if isinstance(k, tuple) and k[:len(prefix)] == prefix]:
+                del self._entries[key]
 
 
+Page = Annotated[int, Query(ge=0, le=100_000, description="Which page of the listing, newest first")]
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taxiway-runs-view")
 _cache = TtlCache(CACHE_TTL_S)
 
@@ -114,8 +117,8 @@ def _deployment() -> RunConfig:
     return load_config(default_config_path())
 
 
-def _listing() -> batches.Listing:
-    return batches.listing(_deployment())
+def _listing(page: int = 0) -> batches.Listing:
+    return batches.listing(_deployment(), page=page)
 
 
 def _folder(dag_id: str, run_id: str) -> Path:
@@ -170,12 +173,12 @@ def create_app() -> FastAPI:
         return JSONResponse([a.to_json() for a in await waiting(user)])
 
     @app.get("/batches", response_class=HTMLResponse, dependencies=batches_read)
-    async def batches_html(request: Request) -> str:
-        return render.batches_page(await off_loop(("batches",), _listing), _root(request))
+    async def batches_html(request: Request, page: Page = 0) -> str:
+        return render.batches_page(await off_loop(("batches", page), lambda: _listing(page)), _root(request))
 
     @app.get("/api/batches", dependencies=batches_read)
-    async def batches_json() -> JSONResponse:
-        return JSONResponse((await off_loop(("batches",), _listing)).to_json())
+    async def batches_json(page: Page = 0) -> JSONResponse:
+        return JSONResponse((await off_loop(("batches", page), lambda: _listing(page))).to_json())
 
     async def release(batch_id: str, user: Any) -> dict[str, Any]:
         """Release the batch as ``user``; 404 for an id the landing zone does not hold, 409 (naming its
@@ -203,7 +206,7 @@ def create_app() -> FastAPI:
             return HTMLResponse(render.message("Not released", str(exc.detail)), exc.status_code)
         done = (f"Released batch {batch_id}: {len(record['attempts'])} failed attempt(s) against {record['champion']} "
                 f"cleared; the next refresh tries it again.")
-        return HTMLResponse(render.batches_page(await off_loop(("batches",), _listing), _root(request), done))
+        return HTMLResponse(render.batches_page(await off_loop(("batches", 0), _listing), _root(request), done))
 
     @app.get("/api/runs")
     async def runs_json(user: GetUserDep) -> JSONResponse:

@@ -209,11 +209,15 @@ def batches_page(listing: Listing, root: str, done: str | None = None) -> str:
             f"<td>{escape(_home_relative(b.reason)[:400])}{_attempts(b)}{_releases(b)}</td>"
             f"<td>{escape(b.trained_by or '')}</td><td>{_num(b.files, 'd')}</td><td class='nowrap'>{_size(b.bytes)}</td>"
             f"<td class='nowrap'>{escape(b.landed_at or '–')}</td><td>{action}</td></tr>")
-    shown = (f"the newest {len(listing.batches)} of {listing.total} (at most {listing.limit} are listed)"
+    first = listing.page * listing.limit
+    shown = (f"{first + 1}–{first + len(listing.batches)} of {listing.total} ({listing.limit} a page)"
              if listing.total > len(listing.batches) else f"all {listing.total}")
+    pages = "".join(f" <a href='{root}/batches?page={n}'>{label}</a>" for n, label in (
+        (listing.page - 1, "← newer"), (listing.page + 1, "older →"))
+        if 0 <= n and n * listing.limit < listing.total)
     facts = (f"<p class='muted'>Landing zone {escape(_home_relative(listing.landing))} · champion "
              f"{escape(listing.champion or 'none')} · refresh.max_attempts {listing.max_attempts} · showing {shown}, "
-             "newest first</p>")
+             f"newest first{pages}</p>")
     head = ("<tr><th>batch</th><th>state</th><th>why</th><th>trained by</th><th>files</th><th>size</th>"
             "<th>landed at (UTC)</th><th></th></tr>")
     note = f"<div class='done'>{escape(done)}</div>" if done else ""

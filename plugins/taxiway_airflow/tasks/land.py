@@ -8,15 +8,16 @@ from typing import Any
 
 from airflow.sdk import get_current_context, task
 
-from pipelines.config import load_config
+from pipelines.config import deployment
 from pipelines.refresh import landing
 from pipelines.refresh.announce import event_extra
 from pipelines.roots import Roots
 from taxiway_airflow.failures import translated
-from taxiway_airflow.params import default_config_path
+from taxiway_airflow.params import check_conf
 from taxiway_airflow.tasks.common import TASK
 
 log = logging.getLogger("taxiway")
+LAND_KEYS = ("source", "batch_id")  # taxiway_land's params, all its conf may hold
 
 
 @task(**TASK)
@@ -26,8 +27,9 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     landing asset, set by the DAG) is what starts ``taxiway_refresh``. A retry after the batch
     landed finds it complete and announces it again instead of landing it twice."""
     ctx = get_current_context()
+    check_conf(ctx["dag_run"].conf or {}, keys=LAND_KEYS)  # a run made by any route: REST, form, materialize
     roots = Roots.from_env()
-    cfg = load_config(roots.config_file(default_config_path()))
+    cfg = deployment.config()
     zone = cfg.refresh.landing
     if not zone:
         raise landing.LandingError("refresh.landing: not set in the deployment's config; nowhere to land")
@@ -38,7 +40,7 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     roots.check_data({"source": source})
     batch_id = batch_id or ctx["run_id"].replace(":", "").replace("+", "")
     earlier = [b for b in landing.scan(zone)[0] if b.id == batch_id] if ctx["ti"].try_number > 1 else []
-    batch = earlier[0] if earlier else landing.land(source, zone, batch_id, fmt=cfg.data.format)
+    batch = earlier[0] if earlier else landing.land(source, zone, batch_id, fmt=cfg.data.format, limits=cfg.limits)
     log.info("batch %s %s in %s: %d file(s), manifest sha256 %s", batch.id, "was landed by an earlier try" if earlier
              else "landed", zone, batch.files, batch.manifest_sha256)
     ctx["outlet_events"][outlet].extra = event_extra(batch)

@@ -10,6 +10,7 @@ from airflow.sdk import get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from pipelines import run_folder
+from pipelines.config import deployment
 from pipelines.stages import refresh as refresh_stage
 from taxiway_airflow.alerts import refresh as refresh_alerts
 from taxiway_airflow.failures import translated
@@ -24,11 +25,14 @@ def refresh_plan() -> dict[str, Any] | None:
     """Decide what this refresh does: the champion to continue and the landed batches new to it.
     Nothing new (or no champion) → one log line saying why and every later task skipped; else the
     refresh's config in ``<run>/config.yaml``. Either way, the alerts the plan calls for (a batch newly
-    quarantined, a champion stale while batches wait)."""
+    quarantined, a champion stale while batches wait). A run whose conf changes any setting tries its
+    batches without counting against them: a trigger cannot quarantine a batch."""
     ctx = get_current_context()
     run_dir = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])
-    cfg = conf_config(ctx["dag_run"].conf or {})
-    decision = refresh_stage.plan(cfg, run_dir, ctx["run_id"])
+    conf = ctx["dag_run"].conf or {}
+    cfg = conf_config(conf)
+    shaped = cfg.model_dump() != deployment.config().model_dump()  # a trigger changed a setting
+    decision = refresh_stage.plan(cfg, run_dir, ctx["run_id"], counts=not shaped)
     log.info("%s", decision.reason)
     refresh_alerts.after_plan(cfg, run_dir, ctx["dag"].dag_id, ctx["run_id"])  # quarantined batches, a stale champion
     return None if decision.config is None else prepared(decision.config, run_dir)

@@ -12,6 +12,7 @@ from airflow.sdk import get_current_context, task
 from airflow.sdk.configuration import conf
 
 from pipelines import run_folder
+from pipelines.config import RunConfig
 from pipelines.errors import CheckFailed
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.registry import approval
@@ -25,6 +26,12 @@ from taxiway_airflow.failures import translated
 from taxiway_airflow.tasks.common import TASK, approval_dir, conf_config, own_dir, prepared, run_config, run_dir_of
 
 log = logging.getLogger("taxiway")
+
+
+def max_mapped(cfg: RunConfig) -> int:
+    """Most shards a stage fans out to: the deployment's ``limits.mapped_tasks``, and never more than
+    Airflow maps (``[core] max_map_length``); shards grow to fit, whatever their configured size."""
+    return min(cfg.limits.mapped_tasks, conf.getint("core", "max_map_length"))
 
 
 @task(**TASK)
@@ -43,9 +50,10 @@ def resolve_config() -> dict[str, Any]:
 @translated
 def preflight_plan(run: dict[str, Any]) -> list[int]:
     """Cut the corpus into shards (``<run>/preflight/plan.json``); their ids, one scan task each, no
-    more than Airflow maps (``[core] max_map_length``)."""
+    more than ``max_mapped``."""
     run_dir = run_dir_of(run)
-    return preflight_stage.plan(run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
+    cfg = run_config(run_dir)
+    return preflight_stage.plan(cfg, run_dir, max_shards=max_mapped(cfg))
 
 
 @task(**TASK)
@@ -77,10 +85,11 @@ def preflight_gate(run: dict[str, Any], scanned: list[dict[str, Any]]) -> dict[s
 @translated
 def tokenize_plan(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Train or load the tokenizer (cached by content) and cut the data into the shards the mapped
-    ``shard`` tasks encode, no more than Airflow maps (``[core] max_map_length``); returns one small
+    ``shard`` tasks encode, no more than ``max_mapped``; returns one small
     record per shard (the plan itself is in the run folder)."""
     run_dir = run_dir_of(run)
-    shards = tokenize_stage.plan(run_config(run_dir), run_dir, max_shards=conf.getint("core", "max_map_length"))
+    cfg = run_config(run_dir)
+    shards = tokenize_stage.plan(cfg, run_dir, max_shards=max_mapped(cfg))
     log.info("%d shard(s) of %d file group(s), %d bytes", len(shards), sum(s["groups"] for s in shards),
              sum(s["bytes"] for s in shards))
     return shards
