@@ -1,5 +1,6 @@
-"""What a user meets when triggering ``taxiway_train`` over REST on a live Airflow: conf mistakes and
-out-of-bounds paths are refused with one readable line, before any stage and without echoing a file;
+"""What a user meets when triggering ``taxiway_train`` over REST on a live Airflow: conf mistakes, owned
+fields and out-of-bounds configs are refused at the door (400, one readable line, no run), data outside
+the data roots by the first task, never echoing a file;
 the README's REST example works verbatim. (A transient failure retried by the scheduler: the good run
 of tests/test_live_ui.py. Runs on a machine loaded past its cores, every task on its first try:
 bench/celery_load.py's ``retried``.)"""
@@ -33,7 +34,8 @@ def test_trigger_time_refusals_are_short_and_name_the_field(live_airflow):
     assert params["train_lr"]["schema"]["section"] == "Training" and params["train_lr"]["value"] == 0.005
     assert params["set"]["schema"]["type"] == ["array", "null"]  # optional: the form marks it not required
     for conf, field in [({"train": {"stepz": 5}}, "stepz"), ({"train": {"lr": -1}}, "lr"),
-                        ({"train_lr": -1}, "train_lr"), ({"config": "/etc/shadow"}, "config")]:
+                        ({"train_lr": -1}, "train.lr"),  # the field the form field sets
+                        ({"config": "/etc/shadow"}, "config")]:
         resp = live_airflow.trigger(DAG, conf)
         assert resp.status_code == 400, (conf, resp.status_code, resp.text)
         detail = resp.json()["detail"]
@@ -41,7 +43,7 @@ def test_trigger_time_refusals_are_short_and_name_the_field(live_airflow):
 
 
 @pytest.mark.live
-def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_airflow, tmp_path: Path):
+def test_conf_mistakes_are_refused_at_the_door_naming_the_key_and_echo_no_file(live_airflow, tmp_path: Path):
     live = live_airflow
     evil = tmp_path / "evil.yaml"  # a readable YAML on the worker that is no config: never echoed
     evil.write_text(f"root:{SECRET}:19000:0:99999:7:::\nname: x\n")
@@ -78,24 +80,26 @@ def test_conf_mistakes_fail_the_first_task_naming_the_key_and_echo_no_file(live_
     assert resp.status_code == 400 and "trian: a number outside the signed 64-bit range" in resp.text, resp.text
     assert str(2**64 + 7) not in resp.text
     assert live.api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"] == before
-    runs = {}
     tom = live.client("tom")  # the ``user`` role: may trigger, not configure the deployment
-    for name, (conf, _) in cases.items():
+    data = cases.pop("data")  # the api-server reads no data: the first task judges the data roots
+    for name, (conf, named) in cases.items():  # refused at the door, as the first task would: no run
         resp = tom.post(f"/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})
-        assert resp.status_code == 200, (name, resp.text)
-        runs[name] = resp.json()["dag_run_id"]
-    for name, run_id in runs.items():
-        assert live.wait_run(DAG, run_id, timeout_s=300)["state"] == "failed", name
-        tis = live.task_instances(DAG, run_id)
-        assert tis["resolve_config"]["state"] == "failed" and tis["resolve_config"]["try_number"] == 1, name
-        assert {ti["state"] for k, ti in tis.items() if k != "resolve_config"} == {"upstream_failed"}, name
-        log = _log(live, run_id, "resolve_config")
-        assert cases[name][1] in log, (name, log[-2000:])
-        assert SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log, name
+        assert resp.status_code == 400, (name, resp.status_code, resp.text)
+        detail = resp.json()["detail"]
+        assert named in detail and SECRET not in detail and PLANTED_SECRET not in detail, (name, detail)
+    resp = tom.post(f"/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": data[0]})
+    assert resp.status_code == 200, resp.text
+    run_id = resp.json()["dag_run_id"]
+    assert live.wait_run(DAG, run_id, timeout_s=300)["state"] == "failed"
+    tis = live.task_instances(DAG, run_id)
+    assert tis["resolve_config"]["state"] == "failed" and tis["resolve_config"]["try_number"] == 1
+    assert {ti["state"] for k, ti in tis.items() if k != "resolve_config"} == {"upstream_failed"}
+    log = _log(live, run_id, "resolve_config")
+    assert data[1] in log and SECRET not in log and live.env["AIRFLOW__API_AUTH__JWT_SECRET"] not in log
     assert not live.files_holding(PLANTED_SECRET)  # no file the deployment wrote holds its environment's secret
     # the failure's note, set over REST by the task's callback within its budget (or by the DAG's after it)
-    note = wait_for("the typo run's note", lambda: live.dag_run(DAG, runs["typo"])["note"], 60)
-    assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): invalid conf: trian"), note
+    note = wait_for("the failed run's note", lambda: live.dag_run(DAG, run_id)["note"], 60)
+    assert note.startswith("**Failed at resolve_config** (`resolve_config`, bad input): data.train: "), note
 
 
 @pytest.mark.live

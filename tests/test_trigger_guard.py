@@ -65,7 +65,7 @@ def test_a_backfill_of_a_taxiway_dag_is_held_to_the_same_rule():
 
 @pytest.mark.parametrize("path, doc", [
     ("/api/v2/backfills", {"dag_id": "someone_elses", "dag_run_conf": {"n": 2**64}}),
-    ("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"lr": 0.0003, "steps": 2**63 - 1}}}),
+    ("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"lr": 0.0003, "seed": 2**31}}}),
     ("/api/v2/dags/someone_elses/dagRuns", {"conf": {"n": 2**64}}),  # not Taxiway's to judge
     ("/api/v2/dags/taxiway_train/dagRuns", {"conf": "not an object"}),  # Airflow's to refuse
 ])
@@ -83,3 +83,23 @@ def test_an_asset_materialization_and_a_sub_path_base_url_are_held_to_the_same_r
                       ("/team/a/api/v2/backfills", {"dag_id": "taxiway_train", "dag_run_conf": {"n": 2**64}})):
         resp = _post(path, doc)
         assert resp.status_code == 400 and "n: a number outside" in resp.json()["detail"], (path, resp.text)
+
+
+def test_what_the_first_task_would_refuse_is_refused_before_a_run_exists():
+    """One intake, in one order, at the door: unknown keys, fields only the deployment sets (the gate's
+    set, the cluster), a config file the deployment does not list, and limits, each named (400, no run)."""
+    for path, conf, named in (
+            ("/api/v2/dags/taxiway_train/dagRuns", {"trian": {"lr": 0.1}}, "trian: not a conf key (did you mean 'train'?)"),
+            ("/api/v2/dags/taxiway_refresh/dagRuns", {"data": {"val": "/data/train"}}, "data.val: only the deployment sets this"),
+            ("/api/v2/dags/taxiway_sweep/dagRuns", {"sweep": [{}], "compute": {"kubernetes": {"image": "x/y:1"}}},
+             "compute.kubernetes.image: only the deployment sets this"),
+            ("/api/v2/dags/taxiway_train/dagRuns", {"config": "base.yaml"}, "config 'base.yaml': not a config this deployment lets a trigger choose"),
+            ("/api/v2/dags/taxiway_train/dagRuns", {"compute": {"nodes": 17}}, "compute.nodes (17) exceeds limits.nodes (16)"),
+            ("/api/v2/dags/taxiway_land/dagRuns", {"source": "/data/x", "train": {}}, "train: not a conf key")):
+        resp = _post(path, {"conf": conf})
+        assert resp.status_code == 400 and named in resp.json()["detail"], (path, resp.text)
+    backfill = {"dag_id": "taxiway_train", "from_date": "2026-12-01T00:00:00Z", "to_date": "2026-12-02T00:00:00Z",
+                "dag_run_conf": {"eval": {"confidence": 0.5}}}
+    resp = _post("/api/v2/backfills", backfill)
+    assert resp.status_code == 400 and "eval.confidence: only the deployment sets this" in resp.json()["detail"]
+    assert _post("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"seed": 7}}}).status_code == 200

@@ -1,18 +1,22 @@
-"""Refuses, in the api-server, a trigger, backfill or asset materialization of a Taxiway DAG whose ``conf`` holds a number a task could
-never receive. Airflow stores a run's conf as sent (PostgreSQL's jsonb keeps any integer, and a whole
-float as one) and sends it to each task with msgpack, which stops at 64 bits: every task of such a
-run then fails before it starts, with an empty log. ``params.check_conf`` runs in the first task,
-too late; the form's params bound their own fields but not keys Airflow takes without a param. This
-ASGI middleware reads the trigger's body first and answers 400 naming each key path (never the
-value); any other request passes untouched."""
+"""Refuses, in the api-server, a trigger, backfill or asset materialization of a Taxiway DAG whose ``conf``
+the run could not take, before the run exists: 400 naming each key path (never the value). Two kinds:
+a number a task could never receive (Airflow stores a run's conf as sent, PostgreSQL's jsonb keeps any
+integer, and msgpack, which sends it to each task, stops at 64 bits: every task of such a run would fail
+before it starts, with an empty log), and what ``intake`` refuses (unknown keys, fields only the
+deployment sets, bounds, limits), as the first task would. This ASGI middleware reads the body first;
+any other request passes untouched."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
+from taxiway_airflow import intake
 from taxiway_airflow.conf_numbers import bad_numbers
+
+log = logging.getLogger(__name__)
 
 TAXIWAY_DAGS = ("taxiway_train", "taxiway_refresh", "taxiway_land", "taxiway_sweep")
 # every route that creates a run with a conf, under any prefix ([api] base_url on a sub-path)
@@ -43,7 +47,7 @@ class TriggerConfGuard:
             more = message.get("more_body", False)
         if len(body) > MAX_BODY:
             return await _refuse(send, 413, f"request body larger than {MAX_BODY >> 20} MiB; a conf is at most 64 KiB")
-        if problems := _conf_problems(body, dag_from_path=trigger is not None or materialize):
+        if problems := _conf_problems(body, trigger["dag"] if trigger else None, materialize):
             named = "; ".join(f"{path}: {why}" for path, why in problems[:MAX_NAMED])
             more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
             return await _refuse(send, 400, f"conf: {named}{more}")
@@ -66,17 +70,29 @@ async def _refuse(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def _conf_problems(body: bytes, dag_from_path: bool) -> list[tuple[str, str]]:
-    """(key path, reason) of each number in the conf of a Taxiway trigger (``conf``) or backfill
-    (``dag_run_conf``, its DAG in the body) that a task could not receive; a body that is no JSON
-    object is Airflow's to refuse."""
+def _conf_problems(body: bytes, dag_from_path: str | None, materialize: bool) -> list[tuple[str, str]]:
+    """(key path, reason) of what a Taxiway trigger's conf (``conf``; a backfill's ``dag_run_conf``, its
+    DAG in the body) cannot hold: a number a task could not receive, and, where the DAG is known, all that
+    ``intake`` refuses (unknown keys, owned fields, bounds, limits). A materialization names its asset,
+    not its DAG: its numbers alone, and its first task checks the rest. A body that is no JSON object
+    is Airflow's to refuse."""
     try:
         doc = json.loads(body)
     except ValueError:
         return []
-    if not isinstance(doc, dict) or not dag_from_path and doc.get("dag_id") not in TAXIWAY_DAGS:
+    if not isinstance(doc, dict):
         return []
-    conf = doc.get("conf" if dag_from_path else "dag_run_conf")
+    dag = dag_from_path or (None if materialize else doc.get("dag_id"))
+    if not materialize and dag not in TAXIWAY_DAGS:
+        return []
+    conf = doc.get("dag_run_conf" if dag_from_path is None and not materialize else "conf")
     if not isinstance(conf, dict):
         return []
-    return [problem for key, value in conf.items() for problem in bad_numbers(value, str(key)[:80])]
+    numbers = [problem for key, value in conf.items() for problem in bad_numbers(value, str(key)[:80])]
+    if numbers or dag is None:
+        return numbers
+    try:
+        return intake.refusals(dag, conf)
+    except Exception as exc:  # the deployment's own config unreadable here: the first task says why
+        log.warning("conf not checked before the run: %s", type(exc).__name__)
+        return []

@@ -22,10 +22,11 @@ from pipelines.roots import DATA_FIELDS, Roots
 from pipelines.run_folder import RunFolder
 from pipelines.stages.prepare import load_run_config, prepare
 from pipelines.sweep import members as sweep_members
+from taxiway_airflow import intake
 from taxiway_airflow.failures import RETRY
-from taxiway_airflow.params import check_conf, overrides_from_conf
 
 log = logging.getLogger("taxiway")
+TRAIN = "taxiway_train"  # whose conf every run config's is (refresh and sweep take the same keys)
 
 # every Taxiway @task: retried with the back-off of RETRY; a returned dict is one XCom, since its
 # consumers take it whole (Airflow infers multiple_outputs from a dict annotation and would push each
@@ -84,10 +85,8 @@ def conf_config(conf: dict[str, Any]) -> RunConfig:
     names, where the deployment lets it: ``load_triggered``), the conf's sections and form fields (``params.overrides_from_conf``: what differs
     from the form's defaults) and ``set`` overlaid as values, refused where only the deployment sets a
     field; every data path checked against the data roots."""
-    roots = Roots.from_env()
-    check_conf(conf)
-    cfg = deployment.load_triggered(conf.get("config") or None, overrides_from_conf(conf), list(conf.get("set") or []), roots)
-    roots.check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    cfg = intake.resolve(TRAIN, conf)
+    Roots.from_env().check_data({f: _field(cfg, f) for f in DATA_FIELDS})
     return cfg
 
 

@@ -12,12 +12,11 @@ from pipelines.config import deployment
 from pipelines.refresh import landing
 from pipelines.refresh.announce import event_extra
 from pipelines.roots import Roots
+from taxiway_airflow import intake
 from taxiway_airflow.failures import translated
-from taxiway_airflow.params import check_conf
 from taxiway_airflow.tasks.common import TASK
 
 log = logging.getLogger("taxiway")
-LAND_KEYS = ("source", "batch_id")  # taxiway_land's params, all its conf may hold
 
 
 @task(**TASK)
@@ -27,7 +26,7 @@ def land_batch(source: str, batch_id: str | None) -> dict[str, Any]:
     landing asset, set by the DAG) is what starts ``taxiway_refresh``. A retry after the batch
     landed finds it complete and announces it again instead of landing it twice."""
     ctx = get_current_context()
-    check_conf(ctx["dag_run"].conf or {}, keys=LAND_KEYS)  # a run made by any route: REST, form, materialize
+    intake.resolve(intake.LAND, ctx["dag_run"].conf or {})  # a run made by any route: REST, form, materialize
     roots = Roots.from_env()
     cfg = deployment.config()
     zone = cfg.refresh.landing
