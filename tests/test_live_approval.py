@@ -8,8 +8,8 @@ waiting past ``registry.approval_reminder_s`` is alerted to a local webhook rece
 Separation of duties, played by a user with only the ``user`` role (tom): Airflow refuses his answer (he
 is not one of ``registry.approvers``); a forged approval (his ``return_value`` XCom on the approval task,
 the task marked success) and his rewrite of ``resolve_config``'s XCom to another run's folder decide
-nothing; and the answer of the user who triggered the run, though an approver, is refused by the
-decision. The version stays pending through all of it."""
+nothing (the decision reads its own folder and finds no answer there); and the answer of the user who
+triggered a run, though an approver, is refused by the decision. Those versions stay pending."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
                                 f"  approvers: [ada, admin]\nalerts:\n  webhooks: [{HOOK}]\n")
               for timeout in (TIMEOUT_S, 3600)}
     runs = {}
-    for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3), ("forged", 4)):
+    for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3), ("forged", 4), ("self", 5)):
         made = live.trigger(DAG, {**policy[TIMEOUT_S if decision == "timeout" else 3600], "train": {"seed": seed}})
         assert made.status_code == 200, made.text
         runs[decision] = made.json()["dag_run_id"]
@@ -79,13 +79,13 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
         assert state in (None, "scheduled", "queued", "running", "awaiting_input"), state
         return state == "awaiting_input"
 
-    for decision in ("approve", "reject", "forged"):
+    for decision in ("approve", "reject", "forged", "self"):
         wait_for(f"the {decision} run to wait for approval", lambda d=decision: awaiting(runs[d]), 300, every_s=2)
 
     from pipelines.registry import client
 
     c = client()
-    assert not c.get_registered_model(MODEL).aliases, "nothing moves while approvals wait"
+    assert "champion" not in c.get_registered_model(MODEL).aliases, "no champion while approvals wait"  # (the timeout run may be challenger by now)
     listed = {a["run_id"] for a in live.api.get("/taxiway/api/approvals").json()}  # the Training runs view's list
     assert {runs["approve"], runs["reject"]} <= listed, listed
 
@@ -115,11 +115,18 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
         raise
 
     _forged(live, tom, runs["forged"], other=runs["approve"])
+    # admin triggered the run "self" and is one of registry.approvers: Airflow takes the answer, the decision refuses it
+    assert live.api.patch(hitl(runs["self"]), json={"chosen_options": ["Approve"]}).status_code == 200
+    assert _decided(live, runs["self"], "the triggering user's approval") == "failed"
+    log = live.task_log(DAG, runs["self"], "register.decision", 1) or ""
+    assert "user 'admin' triggered this run, and may not answer its own approval" in log, log[-2000:]
 
     ended = {d: live.wait_run(DAG, r, timeout_s=240)["state"] for d, r in runs.items()}
-    assert ended == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed"}, ended
+    assert ended == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed",
+                     "self": "failed"}, ended
     decided = {d: live.task_instances(DAG, r)["register.decision"]["state"] for d, r in runs.items()}
-    assert decided == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed"}, decided
+    assert decided == {"approve": "success", "reject": "success", "timeout": "success", "forged": "failed",
+                       "self": "failed"}, decided
 
     reminded = {json.loads(body)["run_id"] for body in hook.posts if json.loads(body)["event"] == "approval_waiting"}
     assert runs["approve"] in reminded, hook.posts  # it waited for the browser far longer than REMIND_S
@@ -136,39 +143,29 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     assert (tags["reject"]["taxiway.approval"], tags["reject"]["taxiway.approval.comment"]) == ("rejected", "overfits")
     assert tags["timeout"]["taxiway.approval"] == "timed_out" and tags["timeout"]["taxiway.approval.by"] == "(timeout)"
     assert f"registry.approval_timeout_s ({TIMEOUT_S} s)" in tags["timeout"]["taxiway.alias_reason"]
-    assert tags["forged"]["taxiway.approval"] == "pending" and "taxiway.approval.by" not in tags["forged"]
-    forged = json.loads((run_dir(DAG, runs["forged"], live.taxiway_home) / "registry.json").read_text())
-    assert (forged["approval"], forged["approval_refused"]["by"]) == ("pending", "admin"), forged
+    for refused in ("forged", "self"):
+        assert tags[refused]["taxiway.approval"] == "pending" and "taxiway.approval.by" not in tags[refused]
+    record = json.loads((run_dir(DAG, runs["self"], live.taxiway_home) / "registry.json").read_text())
+    assert (record["approval"], record["approval_refused"]["by"]) == ("pending", "admin"), record
 
 
 def _forged(live, tom, run_id: str, other: str) -> None:
     """tom, who may edit XComs and task states but approves nothing, tries each way round the approval of
-    the run ``run_id`` (triggered by admin); then admin, an approver but the run's own triggering user, answers."""
+    the run ``run_id``: answering (403), pointing ``resolve_config``'s XCom at the run ``other``'s folder,
+    and a ``return_value`` XCom saying "approved" on the approval task, marked success."""
+    own, elsewhere = run_dir(DAG, run_id, live.taxiway_home), run_dir(DAG, other, live.taxiway_home)
     assert tom.patch(hitl(run_id), json={"chosen_options": ["Approve"]}).status_code == 403  # not an approver
     ti = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances"
     moved = tom.patch(f"{ti}/resolve_config/xcomEntries/return_value", json={"value": {
-        "run_dir": str(run_dir(DAG, other, live.taxiway_home)), "config_sha256": "0" * 64, "name": "x"}})
+        "run_dir": str(elsewhere), "config_sha256": "0" * 64, "name": "x"}})
     assert moved.status_code == 200, moved.text  # every later task reads another run's folder, if it trusted this
     forged = {"choice": "approved", "by": "ada", "by_id": "ada", "at": "2026-12-05T00:00:00+00:00", "comment": ""}
     assert tom.post(f"{ti}/register.approval/xcomEntries", json={"key": "return_value", "value": forged}).status_code == 201
     marked = tom.patch(f"{ti}/register.approval", json={"new_state": "success"})
     assert marked.status_code == 200, marked.text
     assert _decided(live, run_id, "the forged approval") == "failed"
-    assert "recorded no answer" in live.task_log(DAG, run_id, "register.decision", 1)
-
-    cleared = live.api.post(f"/api/v2/dags/{DAG}/clearTaskInstances", json={
-        "dag_run_id": run_id, "task_ids": ["register.approval", "register.decision"], "dry_run": False,
-        "only_failed": False, "reset_dag_runs": True})
-    assert cleared.status_code == 200, cleared.text
-    wait_for("the approval asked again", lambda: live.task_instances(DAG, run_id)["register.approval"]["try_number"]
-             == 2 and live.task_instances(DAG, run_id)["register.approval"]["state"] == "awaiting_input", 120, every_s=2)
-    asked = live.api.get(hitl(run_id)).json()
-    record = json.loads((run_dir(DAG, run_id, live.taxiway_home) / "registry.json").read_text())
-    assert f"version {record['version']} as champion" in asked["subject"], asked  # its own folder, not the XCom's
-    assert live.api.patch(hitl(run_id), json={"chosen_options": ["Approve"]}).status_code == 200  # admin: an approver
-    assert _decided(live, run_id, "the triggering user's approval", try_number=2) == "failed"
-    log = live.task_log(DAG, run_id, "register.decision", 2) or ""
-    assert "user 'admin' triggered this run, and may not answer its own approval" in log, log[-2000:]
+    log = live.task_log(DAG, run_id, "register.decision", 1) or ""
+    assert "recorded no answer" in log and own.name in log and elsewhere.name not in log, log[-2000:]
 
 
 def _decided(live, run_id: str, what: str, try_number: int = 1) -> str:
