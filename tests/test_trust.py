@@ -293,9 +293,16 @@ def test_a_task_derives_its_run_folder_and_holds_its_config_to_the_deployments(p
         assert "run_dir" not in xcom
         elsewhere = tmp_path / "elsewhere"
         assert run_dir_of({**xcom, "run_dir": str(elsewhere)}) == own
-        for member in ("../../etc", "01", 3):
-            with pytest.raises(StageInputError):
-                run_dir_of({"member": member})  # no sweep here: no member is listed
+        with pytest.raises(StageInputError, match="run the sweep's 'members' task first"):
+            run_dir_of({"member": "00"})  # no sweep here: no member is listed
+        from pipelines.run_folder import RunFolder
+        from trainer import fsio
+
+        fsio.write_json(RunFolder(own).sweep_members, [{"member": "00"}, {"member": "01"}])  # as members.write lists them
+        assert run_dir_of({"member": "01"}) == RunFolder(own).sweep_member(1)
+        for member in ("../../etc", "02", 3, "-1", None):  # a path, an index the sweep did not list, not an index
+            with pytest.raises(StageInputError, match="not a member of this sweep"):
+                run_dir_of({"member": member})
         assert run_config(own).compute.kubernetes.env == {"X": "${SECRET_DB_URL}"}
         written = own / "config.yaml"
         written.write_text(written.read_text().replace("confidence: 0.95", "confidence: 0.5")
