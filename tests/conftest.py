@@ -153,7 +153,7 @@ def as_deployment(cfg: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
 
 
 @contextlib.contextmanager
-def in_task(dag_id: str, run_id: str, triggered_by: str | None = None) -> Iterator[Path]:
+def in_task(dag_id: str, run_id: str, triggered_by: str | None = None, conf: dict | None = None) -> Iterator[Path]:
     """The Airflow context a task reads its DAG run from, for a task function or operator called outside
     a DAG run; yields that run's folder (where the task derives it)."""
     from airflow.sdk.execution_time.context import set_current_context
@@ -161,7 +161,7 @@ def in_task(dag_id: str, run_id: str, triggered_by: str | None = None) -> Iterat
     from pipelines import run_folder
 
     ctx = {"dag": SimpleNamespace(dag_id=dag_id), "run_id": run_id,
-           "dag_run": SimpleNamespace(triggering_user_name=triggered_by, conf={})}
+           "dag_run": SimpleNamespace(triggering_user_name=triggered_by, conf=conf or {})}
     with set_current_context(ctx):
         yield run_folder.run_dir(dag_id, run_id)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, taxiway
+from conftest import REPO, in_task, taxiway
 from pipelines import manifest
 from pipelines.errors import BadInput
 from pipelines.refresh import landing
@@ -424,18 +424,22 @@ def test_a_batch_and_the_landing_zone_are_bounded_by_the_deployments_limits(tmp_
         landing.land(_source(tmp_path / "src2"), zone, batch_id="b2", limits=LimitsConfig(batches=1))
 
 
-def test_taxiway_land_checks_its_conf_like_every_dags_first_task(airflow_db, tmp_path: Path, monkeypatch, capfd):
+def test_taxiway_land_checks_its_conf_like_every_dags_first_task(airflow_db, tmp_path: Path, monkeypatch):
     """A run of taxiway_land made by any route (a materialized asset's conf reaches no guard's form) is
     checked by its task: unknown keys are refused, nothing lands."""
     from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines.config import deployment
+    from taxiway_airflow.tasks.land import land_batch
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["taxiway_land"]
     src = _source(tmp_path / "src")
     monkeypatch.setenv("TAXIWAY_DATA_ROOTS", str(tmp_path))
-    dr = dag.test(run_conf={"source": str(src), "batch_id": "b1", "train": {"steps": 1}})
+    conf = {"source": str(src), "batch_id": "b1", "train": {"steps": 1}}
+    dr = dag.test(run_conf=conf)
     assert str(dr.state) == "failed"
-    from pipelines.config import deployment
-
-    out, err = capfd.readouterr()  # the task log (structlog, to the terminal)
-    assert "train: not a conf key; expected source, batch_id" in out + err
+    with in_task("taxiway_land", "r", conf=conf), pytest.raises(AirflowFailException) as refused:
+        land_batch.function(str(src), "b1")  # why it failed: the task's own callable on the same conf
+    assert "train: not a conf key; expected source, batch_id" in str(refused.value)
     assert not (Path(deployment.config().refresh.landing) / "b1").exists()

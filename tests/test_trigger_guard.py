@@ -95,7 +95,15 @@ def test_what_the_first_task_would_refuse_is_refused_before_a_run_exists():
              "compute.kubernetes.image: only the deployment sets this"),
             ("/api/v2/dags/taxiway_train/dagRuns", {"config": "base.yaml"}, "config 'base.yaml': not a config this deployment lets a trigger choose"),
             ("/api/v2/dags/taxiway_train/dagRuns", {"compute": {"nodes": 17}}, "compute.nodes (17) exceeds limits.nodes (16)"),
-            ("/api/v2/dags/taxiway_land/dagRuns", {"source": "/data/x", "train": {}}, "train: not a conf key")):
+            ("/api/v2/dags/taxiway_land/dagRuns", {"source": "/data/x", "train": {}}, "train: not a conf key"),
+            # a sweep's points pass the same intake: an owned leaf, a bound, a point count
+            ("/api/v2/dags/taxiway_sweep/dagRuns", {"sweep": {"compute.kubernetes.image": ["a/b:1", "c/d:2"]}},
+             "sweep[0].compute.kubernetes.image: only the deployment sets this"),
+            ("/api/v2/dags/taxiway_sweep/dagRuns", {"sweep": [{"train.lr": 0.001}, {"train.lr": -1}]},
+             "sweep[1].train.lr"),
+            ("/api/v2/dags/taxiway_sweep/dagRuns", {"sweep": {"train.seed": list(range(17))}},
+             "sweep: 17 member(s); a sweep has 2 to"),
+            ("/api/v2/dags/taxiway_sweep/dagRuns", {"train": {"seed": 1}}, "sweep: missing")):
         resp = _post(path, {"conf": conf})
         assert resp.status_code == 400 and named in resp.json()["detail"], (path, resp.text)
     backfill = {"dag_id": "taxiway_train", "from_date": "2026-12-01T00:00:00Z", "to_date": "2026-12-02T00:00:00Z",
@@ -103,3 +111,4 @@ def test_what_the_first_task_would_refuse_is_refused_before_a_run_exists():
     resp = _post("/api/v2/backfills", backfill)
     assert resp.status_code == 400 and "eval.confidence: only the deployment sets this" in resp.json()["detail"]
     assert _post("/api/v2/dags/taxiway_train/dagRuns", {"conf": {"train": {"seed": 7}}}).status_code == 200
+    assert _post("/api/v2/dags/taxiway_sweep/dagRuns", {"conf": {"sweep": {"train.seed": [1, 2]}}}).status_code == 200

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.config import RunConfig, deployment
+from pipelines.config import ConfigError, RunConfig, deployment
 from pipelines.errors import BadInput
 from pipelines.roots import Roots
+from pipelines.sweep import points
 from taxiway_airflow.params import check_conf, overrides_from_conf
 
 LAND = "taxiway_land"
 LAND_KEYS = ("source", "batch_id")  # taxiway_land's params, all its conf may hold
-OWN_KEYS = {"taxiway_sweep": ("sweep",)}  # a DAG's own keys beside the run config's
+SWEEP = "taxiway_sweep"
+OWN_KEYS = {SWEEP: ("sweep",)}  # a DAG's own keys beside the run config's
 
 
 def resolve(dag_id: str, conf: dict[str, Any]) -> RunConfig | None:
@@ -25,6 +27,22 @@ def resolve(dag_id: str, conf: dict[str, Any]) -> RunConfig | None:
     if dag_id == LAND:
         check_conf(conf, keys=LAND_KEYS)
         return None
+    if dag_id == SWEEP:
+        return sweep(conf)[0]
+    return _run_config(dag_id, conf)
+
+
+def sweep(conf: dict[str, Any]) -> tuple[RunConfig, list[points.Member]]:
+    """A sweep's run config and its members: every point held to what a trigger may set (never a
+    deployment-owned field), the schema and ``limits.sweep_members``, by point and key."""
+    if "sweep" not in conf:
+        raise ConfigError({"sweep": "missing; send a grid ({\"train.lr\": [0.001, 0.0003]}) or a list of points"},
+                          "conf")
+    cfg = _run_config(SWEEP, conf)
+    return cfg, points.members(cfg, conf["sweep"])
+
+
+def _run_config(dag_id: str, conf: dict[str, Any]) -> RunConfig:
     own = OWN_KEYS.get(dag_id, ())
     check_conf(conf, extra_keys=own)
     run = {k: v for k, v in conf.items() if k not in own}

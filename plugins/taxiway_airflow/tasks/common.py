@@ -85,7 +85,11 @@ def conf_config(conf: dict[str, Any]) -> RunConfig:
     names, where the deployment lets it: ``load_triggered``), the conf's sections and form fields (``params.overrides_from_conf``: what differs
     from the form's defaults) and ``set`` overlaid as values, refused where only the deployment sets a
     field; every data path checked against the data roots."""
-    cfg = intake.resolve(TRAIN, conf)
+    return held_to_roots(intake.resolve(TRAIN, conf))
+
+
+def held_to_roots(cfg: RunConfig) -> RunConfig:
+    """``cfg`` once every data path in it is inside the data roots (which the api-server does not read)."""
     Roots.from_env().check_data({f: _field(cfg, f) for f in DATA_FIELDS})
     return cfg
 

@@ -9,12 +9,11 @@ from typing import Any
 from airflow.sdk import get_current_context, task
 
 from pipelines import run_folder
-from pipelines.config import ConfigError
 from pipelines.sweep import members as sweep_members
 from pipelines.sweep import points, ranking, registration
+from taxiway_airflow import intake
 from taxiway_airflow.failures import translated
-from taxiway_airflow.params import check_conf
-from taxiway_airflow.tasks.common import TASK, conf_config, prepared, run_dir_of
+from taxiway_airflow.tasks.common import TASK, held_to_roots, prepared, run_dir_of
 
 log = logging.getLogger("taxiway")
 
@@ -25,14 +24,8 @@ def resolve_sweep() -> dict[str, Any]:
     """Config as ``resolve_config`` makes it, and the ``sweep`` param checked against it: every point
     must give a valid RunConfig, so a bad key or value fails here (never retried), naming point and key."""
     ctx = get_current_context()
-    conf = dict(ctx["dag_run"].conf or {})
-    if "sweep" not in conf:
-        raise ConfigError({"sweep": "missing; send a grid ({\"train.lr\": [0.001, 0.0003]}) or a list of points"},
-                          "conf")
-    check_conf(conf, extra_keys=("sweep",))  # the whole conf's size, the sweep's too
-    spec = conf.pop("sweep")
-    cfg = conf_config(conf)
-    chosen = points.members(cfg, spec)
+    cfg, chosen = intake.sweep(dict(ctx["dag_run"].conf or {}))
+    held_to_roots(cfg)
     run_dir = run_folder.run_dir(ctx["dag"].dag_id, ctx["run_id"])
     out = prepared(cfg, run_dir)
     points.write(run_dir, chosen)
