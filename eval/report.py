@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eval.gate import Decision
-from eval.markdown import code, fenced
+from eval.markdown import code, fenced, text
 from eval.plot import comparison_png
 from eval.score import Score
 from eval.stats import Paired
@@ -59,6 +59,8 @@ def markdown(rep: dict[str, Any]) -> str:
     ]
     if "forgetting" in rep:
         lines += forgetting_markdown(rep["forgetting"])
+    if "reported" in rep:
+        lines += reported_markdown(rep["reported"])
     if rep["generations"]:
         lines += ["## Generations", ""]
         for gen in rep["generations"]:
@@ -117,3 +119,18 @@ def forgetting_markdown(forgetting: dict[str, Any]) -> list[str]:
         lines += ["", "Left out: " + "; ".join(f"batch {r['batch']} ({r['reason']})" for r in forgetting["left_out"])]
     return [*lines, ""]
 
+
+
+def with_reported(rep: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's own sets (``eval.report_sets``), baseline vs candidate bits/byte: shown beside the gate,
+    never deciding it; ``improvement_bpb`` > 0 is the candidate's gain."""
+    return {**rep, "reported": [{**r, "improvement_bpb": r["baseline_bpb"] - r["candidate_bpb"]} for r in rows]}
+
+
+def reported_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["## The run's own sets", "", "Bits per byte on `eval.report_sets`: reported, never deciding a promotion, "
+             "and not checked for overlap with the training data.", "",
+             "| set | baseline | candidate | improvement |", "|---|---|---|---|"]
+    lines += [f"| {text(r['set'])} | {r['baseline_bpb']:.4f} | {r['candidate_bpb']:.4f} | {r['improvement_bpb']:+.4f} |"
+              for r in rows]
+    return [*lines, ""]

@@ -18,6 +18,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelines import storage
 from pipelines.errors import BadInput
@@ -28,8 +29,20 @@ CONFIG_ROOTS_ENV = "TAXIWAY_CONFIG_ROOTS"
 DATA_ROOTS_ENV = "TAXIWAY_DATA_ROOTS"
 DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path", "refresh.landing")
 SPLIT_FIELDS = ("data.train", "data.val")  # a folder or a glob: each file it expands to is checked
+SET_LISTS = ("eval.report_sets",)  # lists of splits: each entry is checked as a split
 DEFAULT_DATA = ("data", "demo-data", "landing")  # under TAXIWAY_HOME when TAXIWAY_DATA_ROOTS is unset
 _SHOWN = 10  # files named in one refusal at most
+
+
+def data_values(cfg: Any) -> dict[str, str | None]:
+    """Every data path a run config names, by dotted field (``eval.report_sets[1]`` for a list's entry)."""
+    out: dict[str, str | None] = {}
+    for dotted in (*DATA_FIELDS, *SET_LISTS):
+        value = cfg
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        out.update({f"{dotted}[{i}]": v for i, v in enumerate(value)} if isinstance(value, list) else {dotted: value})
+    return out
 
 
 class OutOfBounds(BadInput):
@@ -128,7 +141,7 @@ class Roots:
                 bad.append(f"{field}: {value!r} has a '..' segment (name data by a path without one)")
             elif not self.inside_data(value):
                 bad.append(f"{field}: {value!r} is outside the data roots ({self.describe_data()})")
-            elif field in SPLIT_FIELDS and not _is_uri(value):
+            elif (field in SPLIT_FIELDS or field.split("[")[0] in SET_LISTS) and not _is_uri(value):
                 bad += self._escaped_files(field, value)
         if bad:
             raise OutOfBounds("; ".join(bad))

@@ -184,6 +184,26 @@ def test_evaluate_stage_passes_a_good_model_and_fails_a_weak_one(strong: Path, w
     assert {k: v for k, v in again.items() if k != "created_at"} == {k: v for k, v in good.items() if k != "created_at"}
 
 
+def test_the_runs_own_sets_are_reported_beside_the_gate_and_never_decide(weak: Path, demo_data: Path, tmp_path: Path):
+    """``eval.report_sets`` (a trigger's): scored in the same loop as the gate's set, shown beside it;
+    the decision is the gate set's alone, even where the candidate wins on a set of the run's own."""
+    from pipelines import stages
+
+    run = shutil.copytree(weak, tmp_path / "run")
+    cfg = _cfg(run)
+    plain = stages.evaluate.run(cfg, run)
+    sets = [cfg.data.val, cfg.data.train]
+    rep = stages.evaluate.run(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"report_sets": sets})}), run)
+    assert {k: rep[k] for k in ("passed", "reason", "gate")} == {k: plain[k] for k in ("passed", "reason", "gate")}
+    assert not rep["passed"] and [r["set"] for r in rep["reported"]] == sets
+    same = rep["reported"][0]  # the gate's own folder, scored as a reported set: the same figures
+    assert math.isclose(same["candidate_bpb"], rep["candidate"]["bits_per_byte"], rel_tol=1e-9)
+    assert math.isclose(same["baseline_bpb"], rep["baseline"]["bits_per_byte"], rel_tol=1e-9)
+    md = (run / "eval" / "report.md").read_text()
+    assert "## The run's own sets" in md and "never deciding a promotion" in md
+    assert "reported" not in plain
+
+
 def test_generation_is_seeded(strong: Path):
     from eval.generate import complete
     from pipelines.tokenize import bpe

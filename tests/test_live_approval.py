@@ -9,7 +9,7 @@ Separation of duties, played by a user with only the ``user`` role (tom): Airflo
 is not one of ``registry.approvers``); a forged approval (his ``return_value`` XCom on the approval task,
 the task marked success) and his rewrite of ``resolve_config``'s XCom to another run's folder decide
 nothing (the decision reads its own folder and finds no answer there); and the answer of the user who
-triggered a run, though an approver, is refused by the decision. Those versions stay pending."""
+triggered a run, though an approver (admin, by the role ``role:admin``), is refused by the decision. Those versions stay pending."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
     assert made.status_code in (201, 409), made.text
     policy = {timeout: settings(f"registry:\n  model_name: {MODEL}\n  approval: required\n"
                                 f"  approval_timeout_s: {timeout}\n  approval_reminder_s: {REMIND_S}\n"
-                                f"  approvers: [ada, admin]\nalerts:\n  webhooks: [{HOOK}]\n")
+                                f"  approvers: [ada, \"role:admin\"]\nalerts:\n  webhooks: [{HOOK}]\n")
               for timeout in (TIMEOUT_S, 3600)}
     runs = {}
     for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3), ("forged", 4), ("self", 5)):

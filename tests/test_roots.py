@@ -104,6 +104,13 @@ def test_a_triggered_runs_data_is_checked_before_any_file_is_read(home: Path):
     conf = {"data": {"train": f"{home}/tr[a]in/../../../../../../../../etc/pass*"}, "preflight": {"allow_unlisted": True}}
     with pytest.raises(OutOfBounds, match=r"data.train: .* has a '..' segment"):
         conf_config(conf)
+    # the run's own evaluation sets: each entry held to the roots, named by its index, file by file
+    (home / "data" / "mine").mkdir(parents=True)
+    (home / "data" / "mine" / "env.txt").symlink_to("/proc/self/environ")
+    conf = {"eval": {"report_sets": [f"{home}/data/mine", "/etc"]}}
+    with pytest.raises(OutOfBounds, match=r"eval.report_sets\[0\]: env.txt in .* resolves outside the data roots .*; "
+                                          r"eval.report_sets\[1\]: '/etc' is outside the data roots"):
+        conf_config(conf)
 
 
 def test_the_default_data_roots_hold_data_not_the_deployments_state(home: Path, monkeypatch: pytest.MonkeyPatch):

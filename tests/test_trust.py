@@ -311,3 +311,20 @@ def test_a_task_derives_its_run_folder_and_holds_its_config_to_the_deployments(p
             run_config(own)
         assert "eval.confidence: differs from the deployment's config" in str(err.value)
         assert "registry.approval: differs" in str(err.value) and "0.5" not in str(err.value)
+
+
+def test_an_approver_role_stands_for_its_users_and_a_role_with_none_is_refused(monkeypatch: pytest.MonkeyPatch):
+    """Airflow checks an answer against user ids only: ``role:NAME`` becomes every user holding the role
+    (SimpleAuthManager's list), once per user; a role no one holds would leave the approval anyone's,
+    and another auth manager keeps its roles where a task cannot read them: both refused, naming the field."""
+    from taxiway_airflow.approvers import people
+
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,ada:user,tom:user,op:Op")
+    assert people(["bob", "ada", "role:user", "role:op"]) == ["bob", "ada", "tom", "op"]
+    assert people([]) == [] and people(["ada"]) == ["ada"]
+    with pytest.raises(ConfigError, match=r"registry.approvers: role 'viewer': no user holds it"):
+        people(["ada", "role:viewer"])
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager")
+    with pytest.raises(ConfigError, match=r"registry.approvers: role entries .* with FabAuthManager, list user ids"):
+        people(["role:admin"])
+    assert people(["ada"]) == ["ada"]  # user ids need no roles

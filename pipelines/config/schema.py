@@ -204,6 +204,10 @@ class EvalConfig(Section):
     generate_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(48, description="New tokens per generation")
     temperature: float = Field(0.8, ge=0.0, le=100.0, description="Sampling temperature; 0 = greedy")
     top_k: Bounded(1 << 21) | None = Field(40, description="Sample from the k most likely tokens; None = all")
+    report_sets: list[PathText] = Field(
+        [], max_length=8, description="Folders or globs of validation text of the run's own (inside the data roots), "
+                                      "scored for candidate and baseline and reported beside the gate's set "
+                                      "(data.val), never deciding a promotion")
 
 
 class RegistryConfig(Section):
@@ -227,9 +231,10 @@ class RegistryConfig(Section):
     approval_reminder_s: float = Field(
         86400.0, gt=0.0, le=90 * 86400.0, description="An approval waiting this long raises an alert (alerts.*)")
     approvers: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]] = Field(
-        [], max_length=64, description="User ids of the people who may answer an approval (the task's assigned "
-                                       "users); never the user who triggered the run; empty = anyone Airflow lets "
-                                       "answer it, less that user")
+        [], max_length=64, description="Who may answer an approval (the task's assigned users): user ids, or "
+                                       "role:NAME for every user holding that role (SimpleAuthManager); never the "
+                                       "user who triggered the run; empty = anyone Airflow lets answer it, less "
+                                       "that user")
     log_checkpoint: bool = Field(
         True, description="Log the final full checkpoint (optimizer state too) with the model, so a refresh can "
                           "continue it after the run folder is gone; costs about 3x the weights in artifact storage")

@@ -19,7 +19,8 @@ from pipelines.config.schema import SECTIONS, RunConfig
 _GATE = "the evaluation gate's policy: what a candidate must beat, and how surely"
 _CLEAN = "what keeps the gate's validation set apart from the training data"
 OWNED: dict[str, str] = {
-    "data.val": "the validation set the gate judges every candidate on",
+    "data.val": "the validation set the gate judges every candidate on (a run's own sets go in eval.report_sets: "
+                "reported beside it, never deciding)",
     "preflight.max_overlap_fraction": _CLEAN,
     "preflight.max_duplicate_fraction": _CLEAN,
     "preflight.overlap_jaccard": _CLEAN,

@@ -1,16 +1,18 @@
 """Evaluation against a baseline (docs/evaluation.md): the candidate and the baseline (the champion,
 the refresh's parent, or a floor) scored in bits per byte on the same validation text, the
-difference gated by a paired bootstrap; ``eval/`` written with ``report.json`` last. A refresh is
-judged on its held-out new data too, and reports forgetting: parent vs candidate on the fixed set and
-on the held-out slices of the earlier batches its parent was trained on."""
+difference gated by a paired bootstrap; ``eval/`` written with ``report.json`` last. One loop scores
+every judged set: the deployment's validation set decides; a refresh is judged on its held-out new
+data too, and reports forgetting (parent vs candidate on the held-out slices of the earlier batches
+its parent was trained on); the run's own ``eval.report_sets`` are reported beside, never deciding."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipelines import registry
 from pipelines import tokenize as tk
@@ -27,10 +29,52 @@ from trainer import fsio
 log = logging.getLogger("taxiway.stages")
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One set the candidate and the baseline are scored on, and what its scores are for: ``gate``
+    decides, ``refresh`` decides a refresh beside it, ``forgetting`` and ``reported`` are shown only."""
+
+    name: str
+    role: Literal["gate", "refresh", "forgetting", "reported"]
+    data: RunConfig  # a config whose val split is this set
+    packed: Path | None  # the candidate's windows of it; None: packed with the candidate's tokenizer when scored
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def judged_sets(cfg: RunConfig, run_dir: Path, packed: Path, refresh: RefreshPlan | None,
+                against_model: bool) -> tuple[list[Judged], list[dict[str, str]]]:
+    """The sets a run is judged on, the gate's first: the deployment's validation set (``data.val``,
+    decontaminated where preflight did); a refresh's held-out new data and each earlier batch's held-out
+    slice (``assemble`` placed them, newest first) when it is compared against a model; the run's own
+    ``eval.report_sets``. Also the earlier batches left out, with why."""
+    folder = RunFolder(run_dir)
+    sets = [Judged("validation", "gate", effective_data(cfg, run_dir), packed)]
+    left_out: list[dict[str, str]] = []
+    if refresh is not None and against_model:
+        if (fresh := refresh.fresh_data(cfg, run_dir)) is not None:
+            link = require(folder.fresh_packed_link, "tokenize")
+            sets.append(Judged("new data", "refresh", fresh, Path(json.loads(link.read_text())["path"])))
+        assembled = json.loads(require(folder.refresh_assembled, "assemble").read_text())
+        out = layout(cfg, run_dir)
+        for batch in assembled.get("earlier", []):
+            bid = batch["batch"]
+            sets.append(Judged(f"batch {bid} held-out", "forgetting",
+                               _val_of(cfg, str(out.earlier(bid)), str(out.earlier_manifest(bid))), None,
+                               {k: batch[k] for k in ("batch", "version", "files")}))
+        left_out = assembled.get("earlier_left_out", [])
+    sets += [Judged(spec, "reported", _val_of(cfg, spec, cfg.data.manifest), None) for spec in cfg.eval.report_sets]
+    return sets, left_out
+
+
+def _val_of(cfg: RunConfig, val: str, manifest: str) -> RunConfig:
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"val": val, "manifest": manifest})})
+
+
 def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: RefreshPlan | None = None) -> dict[str, Any]:
-    """Candidate vs baseline; returns the report. ``baseline`` (a models:/ URI or ``floor``) overrides
-    ``eval.baseline``: registration passes the champion that moved while this run was evaluated.
-    ``refresh``: the plan of a refresh run, whose held-out new data is a second gate."""
+    """Candidate vs baseline on every judged set (``judged_sets``); returns the report. ``baseline`` (a
+    models:/ URI or ``floor``) overrides ``eval.baseline``: registration passes the champion that moved
+    while this run was evaluated. ``refresh``: the plan of a refresh run, whose held-out new data is a
+    second gate."""
     # torch (~1 s) and the eval package: DAG files import this module through their tasks
     from eval import gate
     from eval import report as eval_report
@@ -43,64 +87,48 @@ def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: Ref
     packed = Path(lineage.packed_info(run_dir)["path"])
     device = resolve_device(e.device)
     candidate, _ = load_model(require(folder.model, "train"), device)
-    cand = score(candidate, packed, "val", e.batch_size, e.max_batches, device)
     chosen = registry.resolve_baseline(cfg, folder.baseline, baseline)
     if chosen is None:
-        base = floor(e.floor, packed, cand.sequences)
+        model = None
         why = ("no champion at registration" if baseline == "floor" else
                "eval.baseline=floor" if e.baseline == "floor" else "no champion registered")
         info = {"kind": "floor", "floor": e.floor, "note": why, "label": f"{e.floor} floor",
                 "name": None, "uri": None, "version": None}
     else:
         model, _ = load_model(chosen.folder, device, chosen.weights_sha256)
-        base = score(model, _baseline_packed(effective_data(cfg, run_dir), packed, chosen.folder), "val", e.batch_size,
-                     e.max_batches, device)
         info = {"kind": chosen.kind, "label": f"{chosen.kind} models:/{chosen.name}/{chosen.version}",
                 "name": chosen.name, "uri": chosen.uri, "version": chosen.version}
+    sets, left_out = judged_sets(cfg, run_dir, packed, refresh, model is not None)
+    scored = []
+    for judged in sets:  # one loop: every set scored the same way
+        mine = judged.packed or tk.pack_splits(judged.data.model_copy(update={"tokenizer": judged.data.tokenizer.model_copy(
+            update={"path": str(packed / "tokenizer.json")})}), splits=("val",)).path
+        cand = score(candidate, mine, "val", e.batch_size, e.max_batches, device)
+        base = (floor(e.floor, mine, cand.sequences) if model is None else
+                score(model, _baseline_packed(judged.data, mine, chosen.folder), "val", e.batch_size, e.max_batches,
+                      device))
+        scored.append((judged, cand, base))
+    (_, cand, base), rest = scored[0], scored[1:]
     decision, paired = gate.decide(cand, base, info["label"], e.min_improvement, e.confidence,
                                    e.bootstrap_samples, e.seed)
     report = eval_report.build(cand, base, info, decision, _generations(cfg, candidate, packed, device),
                                str(folder.model))
-    fresh_data = refresh.fresh_data(cfg, run_dir) if refresh is not None and chosen is not None else None
-    if fresh_data is not None:  # a refresh: judged on its held-out new data too
-        fresh_packed = Path(json.loads(require(folder.fresh_packed_link, "tokenize").read_text())["path"])
-        cand_f = score(candidate, fresh_packed, "val", e.batch_size, e.max_batches, device)
-        base_f = score(model, _baseline_packed(fresh_data, fresh_packed, chosen.folder),
-                       "val", e.batch_size, e.max_batches, device)
-        fresh, _ = gate.decide(cand_f, base_f, info["label"], e.min_improvement, e.confidence, e.bootstrap_samples,
-                               e.seed)
-        passed, reason = gate.refresh_decision(decision, fresh, cfg.refresh.max_regression_bpb)
-        report = eval_report.with_refresh(report, cand_f, base_f, fresh, passed, reason,
-                                          cfg.refresh.max_regression_bpb)
-    if refresh is not None and chosen is not None:
-        rows, left_out = _forgetting(cfg, run_dir, candidate, model, packed, chosen.folder, device)
-        report = eval_report.with_forgetting(report, rows, left_out)
+    for judged, c, b in rest:
+        if judged.role == "refresh":  # a refresh: judged on its held-out new data too
+            fresh, _ = gate.decide(c, b, info["label"], e.min_improvement, e.confidence, e.bootstrap_samples, e.seed)
+            passed, reason = gate.refresh_decision(decision, fresh, cfg.refresh.max_regression_bpb)
+            report = eval_report.with_refresh(report, c, b, fresh, passed, reason, cfg.refresh.max_regression_bpb)
+    if refresh is not None and model is not None:
+        report = eval_report.with_forgetting(report, [
+            {**j.info, "parent_bpb": b.bits_per_byte, "candidate_bpb": c.bits_per_byte}
+            for j, c, b in rest if j.role == "forgetting"], left_out)
+    if reported := [(j, c, b) for j, c, b in rest if j.role == "reported"]:
+        report = eval_report.with_reported(report, [
+            {"set": j.name, "baseline_bpb": b.bits_per_byte, "candidate_bpb": c.bits_per_byte} for j, c, b in reported])
     for name, data in eval_report.files(report, paired, decision).items():
         fsio.write_bytes(folder.eval / name, data)
     log.info("%s", report["reason"])
     return report
-
-
-def _forgetting(cfg: RunConfig, run_dir: Path, candidate: Any, parent: Any, packed: Path, parent_dir: Path,
-                device: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Parent vs candidate bits/byte on each earlier batch's held-out slice (``assemble`` placed them,
-    newest first), packed with the candidate's tokenizer; and the batches left out, with why."""
-    from eval.score import score  # torch: as in ``run``
-
-    assembled = json.loads(require(RunFolder(run_dir).refresh_assembled, "assemble").read_text())
-    out, e = layout(cfg, run_dir), cfg.eval
-    rows = []
-    for batch in assembled.get("earlier", []):
-        bid = batch["batch"]
-        data = cfg.model_copy(update={
-            "data": cfg.data.model_copy(update={"val": str(out.earlier(bid)), "manifest": str(out.earlier_manifest(bid))}),
-            "tokenizer": cfg.tokenizer.model_copy(update={"path": str(packed / "tokenizer.json")})})
-        mine = tk.pack_splits(data, splits=("val",)).path
-        cand = score(candidate, mine, "val", e.batch_size, e.max_batches, device)
-        base = score(parent, _baseline_packed(data, mine, parent_dir), "val", e.batch_size, e.max_batches, device)
-        rows.append({"batch": bid, "version": batch["version"], "files": batch["files"],
-                     "parent_bpb": base.bits_per_byte, "candidate_bpb": cand.bits_per_byte})
-    return rows, assembled.get("earlier_left_out", [])
 
 
 def _baseline_packed(data: RunConfig, packed: Path, baseline_dir: Path) -> Path:

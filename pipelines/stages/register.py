@@ -77,16 +77,17 @@ def awaits_approval(run_dir: Path) -> bool:
 
 
 def decide(cfg: RunConfig, run_dir: Path, decision: approval.Decision, mirror: Path | None = None,
-           triggered_by: str | None = None) -> dict[str, Any]:
+           triggered_by: str | None = None, approvers: list[str] | None = None) -> dict[str, Any]:
     """Apply a person's decision (or the timeout) to the version this run registered pending approval;
     ``mirror``: another run folder whose record copies this one's (a sweep's, of its best member).
     An answer from ``triggered_by`` (the user who triggered the run) or from anyone not in
-    ``registry.approvers`` is refused (``approval.refusal``): recorded, and the version stays pending."""
+    ``approvers`` (``registry.approvers`` as user ids; those ids themselves by default) is refused
+    (``approval.refusal``): recorded, and the version stays pending."""
     folder, record = RunFolder(run_dir), registry_record(run_dir)
     if record.get("approval") not in ("pending", decision.choice):
         raise StageInputError(f"{folder.registry_record}: version {record.get('version')} is not waiting for "
                               f"approval (approval: {record.get('approval', 'auto')})")
-    if why := approval.refusal(decision, cfg.registry.approvers, triggered_by):
+    if why := approval.refusal(decision, cfg.registry.approvers if approvers is None else approvers, triggered_by):
         refused = {"approval_refused": {"by": decision.by_id or decision.by, "at": decision.at, "why": why}}
         for path in {run_dir, mirror or run_dir}:
             fsio.write_json(RunFolder(path).registry_record, {**registry_record(path), **refused})

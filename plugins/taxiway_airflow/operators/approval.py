@@ -24,6 +24,7 @@ from eval.markdown import text
 from pipelines.registry.approval import MAX_COMMENT
 from pipelines.run_folder import RunFolder
 from pipelines.stages import register as register_stage
+from taxiway_airflow import approvers
 from taxiway_airflow.links import ROUTE, airflow_base, go_url
 from taxiway_airflow.params import DIALECT
 from taxiway_airflow.tasks.common import approval_dir, run_config
@@ -82,7 +83,7 @@ class ApprovalGate(HITLOperator):
         self.body = body(run_dir, context["dag"].dag_id, context["run_id"])
         self.response_timeout = timedelta(seconds=cfg.registry.approval_timeout_s)
         # Airflow lets only these users answer (403 to anyone else); decide() holds them to it again
-        self.assigned_users = [{"id": user, "name": user} for user in cfg.registry.approvers]
+        self.assigned_users = [{"id": user, "name": user} for user in approvers.people(cfg.registry.approvers)]
         return super().execute(context)
 
     def validate_params_input(self, params_input: Any) -> None:

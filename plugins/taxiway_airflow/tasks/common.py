@@ -18,7 +18,7 @@ from airflow.sdk import get_current_context
 from pipelines import run_folder
 from pipelines.config import RunConfig, deployment
 from pipelines.refresh.plan import RefreshPlan, judged_as_refresh
-from pipelines.roots import DATA_FIELDS, Roots
+from pipelines.roots import Roots, data_values
 from pipelines.run_folder import RunFolder
 from pipelines.stages.prepare import load_run_config, prepare
 from pipelines.sweep import members as sweep_members
@@ -74,12 +74,6 @@ def run_config(run_dir: Path) -> RunConfig:
     return deployment.check_run(load_run_config(run_dir), expected, str(RunFolder(run_dir).config))
 
 
-def _field(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def conf_config(conf: dict[str, Any]) -> RunConfig:
     """The run's config from its trigger's ``conf``: the deployment's config (or the file the conf
     names, where the deployment lets it: ``load_triggered``), the conf's sections and form fields (``params.overrides_from_conf``: what differs
@@ -90,7 +84,7 @@ def conf_config(conf: dict[str, Any]) -> RunConfig:
 
 def held_to_roots(cfg: RunConfig) -> RunConfig:
     """``cfg`` once every data path in it is inside the data roots (which the api-server does not read)."""
-    Roots.from_env().check_data({f: _field(cfg, f) for f in DATA_FIELDS})
+    Roots.from_env().check_data(data_values(cfg))
     return cfg
 
 

@@ -22,6 +22,7 @@ from pipelines.stages import preflight as preflight_stage
 from pipelines.stages import register as register_stage
 from pipelines.stages import tokenize as tokenize_stage
 from pipelines.stages import train as train_stage
+from taxiway_airflow import approvers
 from taxiway_airflow.failures import translated
 from taxiway_airflow.tasks.common import TASK, approval_dir, conf_config, own_dir, prepared, run_config, run_dir_of
 
@@ -165,7 +166,9 @@ def decide(run: dict[str, Any], decision: dict[str, Any] | None = None) -> dict[
     if not answer.exists():
         raise CheckFailed(f"{answer}: missing; register.approval recorded no answer (a task marked success by "
                           "hand answers nothing): clear register.approval to ask again")
-    result = register_stage.decide(run_config(run_dir), run_dir, approval.Decision(**json.loads(answer.read_text())),
-                                   mirror=own, triggered_by=ctx["dag_run"].triggering_user_name)
+    cfg = run_config(run_dir)
+    result = register_stage.decide(cfg, run_dir, approval.Decision(**json.loads(answer.read_text())), mirror=own,
+                                   triggered_by=ctx["dag_run"].triggering_user_name,
+                                   approvers=approvers.people(cfg.registry.approvers))
     log.info("%s version %s %s: alias '%s'", result["model_name"], result["version"], result["approval"], result["alias"])
     return result
