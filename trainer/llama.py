@@ -1,0 +1,256 @@
+"""A Llama-family decoder (RMSNorm, rotary positions, SwiGLU, grouped-query attention) whose parameter
+names and shapes are those of ``transformers``' ``LlamaForCausalLM``, so a Hugging Face checkpoint's
+state dict loads as it is and an export is a copy (``to_hf``/``from_hf`` for ``config.json``).
+
+Packed data as in ``trainer/model.py``: with ``doc_ids`` attention stays inside each document and the
+rotary positions restart at every document start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from trainer.model import document_mask, document_positions
+
+ARCHITECTURE = "LlamaForCausalLM"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int = 12
+    n_embd: int = 768
+    intermediate_size: int = 2048
+    block_size: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}), "
+                             f"and n_head of n_kv_head ({self.n_kv_head})")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"head size {self.n_embd // self.n_head} must be even for rotary positions")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_hf(self, bos_token_id: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
+        """``config.json`` as ``transformers`` writes it for ``LlamaForCausalLM``."""
+        return {"architectures": [ARCHITECTURE], "model_type": "llama", "vocab_size": self.vocab_size,
+                "hidden_size": self.n_embd, "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.n_layer, "num_attention_heads": self.n_head,
+                "num_key_value_heads": self.n_kv_head, "head_dim": self.n_embd // self.n_head,
+                "hidden_act": "silu", "max_position_embeddings": self.block_size, "rms_norm_eps": self.rms_norm_eps,
+                "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+                "tie_word_embeddings": self.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+                "attention_dropout": 0.0, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
+                "torch_dtype": "float32"}
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], where: str = "config.json") -> LlamaConfig:
+        """The config of a Hugging Face Llama checkpoint; ``ValueError`` naming ``where`` and the field for
+        anything this model does not compute the same way (another architecture, biases, scaled rotary)."""
+        archs = hf.get("architectures") or [hf.get("model_type")]
+        if archs != [ARCHITECTURE] and hf.get("model_type") != "llama":
+            raise ValueError(f"{where}: architectures {archs}: expected ['{ARCHITECTURE}'] (model_type 'llama')")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        problems = [f"{k} is {hf.get(k)!r}, expected {v!r}" for k, v in
+                    (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)) if hf.get(k, v) != v]
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            problems.append(f"rope type {rope.get('rope_type', rope.get('type'))!r}: only the default rotary is supported")
+        head_dim = hf.get("head_dim")
+        if head_dim is not None and head_dim != hf["hidden_size"] // hf["num_attention_heads"]:
+            problems.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads")
+        if problems:
+            raise ValueError(f"{where}: " + "; ".join(problems))
+        try:
+            return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
+                       n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                       n_embd=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+                       block_size=hf.get("max_position_embeddings", 2048),
+                       rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                       tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+        except KeyError as exc:
+            raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
+
+
+class RMSNorm(nn.Module):
+    """As ``LlamaRMSNorm``: normalized in float32, scaled in the input's dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotary(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) positions → cos, sin of shape (B, 1, T, head_dim), as ``LlamaRotaryEmbedding`` computes them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=pos.device) / head_dim))
+    freqs = pos[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.n_kv_head, cfg.n_embd // cfg.n_head
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * self.hd, bias=False)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * self.hd, bias=False)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * self.hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * self.hd, cfg.n_embd, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if self.n_kv != self.n_head:  # grouped-query attention: each key/value head serves n_head / n_kv heads
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv, dim=1) for t in (k, v))
+        drop = self.dropout if self.training else 0.0
+        y = (F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True) if mask is None else
+             F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop))
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Backbone(nn.Module):
+    """``LlamaModel``'s parameters: ``embed_tokens``, ``layers``, ``norm``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    """``LlamaForCausalLM``'s parameter tree (``model.*``, ``lm_head``) with GPT's training interface."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.model.embed_tokens.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None, reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence of {T} tokens exceeds block_size {self.cfg.block_size}")
+        if doc_ids is None:
+            pos, mask = torch.arange(T, device=idx.device)[None].expand(B, T), None
+        else:
+            pos, mask = document_positions(doc_ids), document_mask(doc_ids)
+        x = self.model.embed_tokens(idx)
+        cos, sin = rotary(pos, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_theta, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        logits = self.lm_head(self.model.norm(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction=reduction)
+        return logits, loss if reduction == "mean" else loss.view(B, T)
+
+
+def load_state(model: Llama, state: dict[str, torch.Tensor], where: str) -> None:
+    """``state`` (a Hugging Face checkpoint's tensors) into ``model``; ``ValueError`` naming ``where`` and
+    each missing, unexpected or misshapen tensor. A tied head may be absent (``save_pretrained`` drops it)."""
+    own = model.state_dict()
+    optional = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
+    missing = sorted(set(own) - set(state) - optional)
+    unexpected = sorted(k for k in set(state) - set(own) if not k.endswith("rotary_emb.inv_freq"))
+    shapes = [f"{k} {tuple(state[k].shape)}, expected {tuple(own[k].shape)}" for k in sorted(set(own) & set(state))
+              if state[k].shape != own[k].shape]
+    problems = ([f"missing {', '.join(missing[:8])}"] if missing else []) + \
+               ([f"unexpected {', '.join(unexpected[:8])}"] if unexpected else []) + shapes[:8]
+    if problems:
+        raise ValueError(f"{where}: " + "; ".join(problems))
+    with torch.no_grad():
+        for k, t in state.items():
+            if k in own:
+                own[k].copy_(t)
+
+
+def read_folder(folder: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """A Hugging Face-format folder's config and tensors: ``config.json`` with ``model.safetensors`` or a
+    sharded ``model.safetensors.index.json``; ``ValueError`` naming the file for anything missing."""
+    root = Path(folder)
+    config = root / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{config}: missing; a Hugging Face model folder holds config.json")
+    cfg = LlamaConfig.from_hf(json.loads(config.read_text()), str(config))
+    single, index = root / "model.safetensors", root / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        files = [root / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        if absent := [f.name for f in files if not f.is_file()]:
+            raise ValueError(f"{index}: names {', '.join(absent[:4])}, which the folder does not hold")
+    else:
+        raise ValueError(f"{root}: holds neither model.safetensors nor model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return cfg, state
