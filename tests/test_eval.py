@@ -218,6 +218,19 @@ def test_generation_is_seeded(strong: Path):
         complete(model, tok, "", 4)
 
 
+def test_the_kv_cache_gives_the_tokens_the_whole_window_gives_past_block_size_too(strong: Path):
+    """Greedy and seeded sampling read the same with the cache as without it; a prompt close to
+    ``block_size`` runs past it, where the window slides and the cache steps aside."""
+    from eval.generate import sample
+
+    model = _model(strong)
+    block = model.cfg.block_size
+    for prompt in ([5, 9, 2], list(range(1, block - 3))):
+        for temperature, seed in ((0.0, 0), (1.0, 3)):
+            cached = sample(model, prompt, 12, temperature, None, seed)
+            assert cached == sample(model, prompt, 12, temperature, None, seed, cache=False), (len(prompt), temperature)
+
+
 def _broken_copy(src: Path, dest: Path) -> Path:
     shutil.copytree(src / "model", dest)
     return dest

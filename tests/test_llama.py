@@ -96,3 +96,21 @@ def test_a_folder_this_model_cannot_compute_the_same_way_is_refused_naming_file_
     config.unlink()
     with pytest.raises(ValueError, match=r"config.json: missing"):
         read_folder(tmp_path / "hf")
+
+
+def test_a_cached_step_gives_the_logits_of_the_whole_sequence():
+    """One token a step through the KV cache (grouped-query heads cached before they are repeated) gives
+    the logits the whole sequence gives at each position; greedy generation reads the same."""
+    from eval.generate import sample
+    from trainer.model import KVCache
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=50, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
+                              block_size=24)).eval()
+    idx = torch.randint(0, 50, (1, 12))
+    cache = KVCache(2)
+    with torch.no_grad():
+        whole, _ = model(idx)
+        steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
+    assert torch.allclose(torch.cat(steps, dim=1), whole, atol=1e-5)
+    assert sample(model, [3, 1, 4], 30, 0.0) == sample(model, [3, 1, 4], 30, 0.0, cache=False)  # past block_size too

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from trainer.model import document_mask, document_positions
+from trainer.model import KVCache, attend, document_mask, document_positions
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -125,17 +125,18 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_head * self.hd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if cache is not None:  # cached before the heads are repeated: n_kv heads' worth of memory
+            k, v = cache.extend(layer, k, v)
         if self.n_kv != self.n_head:  # grouped-query attention: each key/value head serves n_head / n_kv heads
             k, v = (t.repeat_interleave(self.n_head // self.n_kv, dim=1) for t in (k, v))
-        drop = self.dropout if self.training else 0.0
-        y = (F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True) if mask is None else
-             F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop))
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -161,8 +162,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer))
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -195,18 +197,20 @@ class Llama(nn.Module):
         return n - self.model.embed_tokens.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor | None]:
+                doc_ids: torch.Tensor | None = None, reduction: str = "mean",
+                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence of {T} tokens exceeds block_size {self.cfg.block_size}")
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
         if doc_ids is None:
-            pos, mask = torch.arange(T, device=idx.device)[None].expand(B, T), None
+            pos, mask = torch.arange(start, start + T, device=idx.device)[None].expand(B, T), None
         else:
             pos, mask = document_positions(doc_ids), document_mask(doc_ids)
         x = self.model.embed_tokens(idx)
         cos, sin = rotary(pos, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_theta, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache, i)
         logits = self.lm_head(self.model.norm(x))
         if targets is None:
             return logits, None

@@ -27,6 +27,38 @@ class GPTConfig:
         return asdict(self)
 
 
+class KVCache:
+    """Each layer's keys and values of the tokens seen so far, so generation feeds one new token a step
+    instead of the whole sequence (``eval/generate.py``). Layers append in order."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layer
+
+    @property
+    def length(self) -> int:
+        return 0 if self.kv[0] is None else self.kv[0][0].shape[2]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, T, D) keys and values of ``layer`` with this step's appended; what attention reads."""
+        past = self.kv[layer]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    """Causal attention; with a cache, the new queries are the last of ``k``'s positions (one new token
+    sees every cached one, a prefill is causal from position 0)."""
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    if q.shape[2] == 1:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+    if q.shape[2] != k.shape[2]:
+        raise ValueError("a cached step feeds one token, or the whole prompt into an empty cache")
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -35,15 +67,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+                layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        drop = self.dropout if self.training else 0.0
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -57,8 +88,9 @@ class Block(nn.Module):
             nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False), nn.GELU(),
             nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False), nn.Dropout(cfg.dropout))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+                layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask, cache, layer)
         return x + self.mlp(self.ln2(x))
 
 
@@ -106,31 +138,21 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor | None]:
+                doc_ids: torch.Tensor | None = None, reduction: str = "mean",
+                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence of {T} tokens exceeds block_size {self.cfg.block_size}")
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.cfg.block_size}")
         if doc_ids is None:
-            pos, mask = torch.arange(T, device=idx.device)[None], None
+            pos, mask = torch.arange(start, start + T, device=idx.device)[None], None
         else:
             pos, mask = document_positions(doc_ids), document_mask(doc_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.blocks:
-            x = block(x, mask)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache, i)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction=reduction)
         return logits, loss if reduction == "mean" else loss.view(B, T)
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None) -> torch.Tensor:
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.cfg.block_size:])
-            logits = logits[:, -1, :] / max(temperature, 1e-6)
-            if top_k:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            idx = torch.cat([idx, torch.multinomial(F.softmax(logits, dim=-1), 1)], dim=1)
-        return idx
