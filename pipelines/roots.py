@@ -153,6 +153,8 @@ class Roots:
             files = [loc.path for loc in storage.list_files(spec)]
         except storage.StorageError as exc:
             return [f"{field}: {exc}"]
+        if not files and field.split("[")[0] in SET_LISTS:  # scored after training: an empty one fails here, first
+            return [f"{field}: {spec!r} holds no files"]
         folder_inside = functools.cache(self._inside_local)  # a plain file is where its folder is: one realpath a folder
         out = [f for f in files if (os.path.islink(f) or not folder_inside(os.path.dirname(f)))
                and not self._inside_local(f)]

@@ -111,6 +111,8 @@ def test_a_triggered_runs_data_is_checked_before_any_file_is_read(home: Path):
     with pytest.raises(OutOfBounds, match=r"eval.report_sets\[0\]: env.txt in .* resolves outside the data roots .*; "
                                           r"eval.report_sets\[1\]: '/etc' is outside the data roots"):
         conf_config(conf)
+    with pytest.raises(OutOfBounds, match=r"eval.report_sets\[0\]: '.*/data/nothing' holds no files"):
+        conf_config({"eval": {"report_sets": [f"{home}/data/nothing"]}})  # a typo fails before any compute
 
 
 def test_the_default_data_roots_hold_data_not_the_deployments_state(home: Path, monkeypatch: pytest.MonkeyPatch):
