@@ -165,6 +165,15 @@ def test_lost_waiting_task_reattaches_instead_of_launching_a_second_gang(packed,
             local.cleanup(handle, grace_s=30)
 
 
+def _attempts(run_dir: Path) -> str:
+    """Each attempt's node exits and log tails: what a failed assertion on the attempt count needs."""
+    out = []
+    for exit_file in sorted((run_dir / "train" / "logs").glob("attempt-*/node-*.exit.json")):
+        log = exit_file.with_name(exit_file.name.replace(".exit.json", ".log"))
+        out.append(f"{exit_file.parent.name}/{exit_file.name}: {exit_file.read_text()}\n{local.tail(str(log), 12)}")
+    return "\n".join(out)
+
+
 def _kill_then_stop(run_dir: Path, record: dict) -> None:
     """kill -9 node 1 once a checkpoint exists; after the relaunch, SIGSTOP rank 1 to stall it."""
     def handle(attempt: int) -> local.Handle | None:
@@ -239,7 +248,7 @@ def test_dag_survives_a_killed_node_and_a_stall(airflow_db, demo_data, home: Pat
 
     gang = local.Handle.load(local.handle_path(run_dir))
     status = json.loads((run_dir / "status.json").read_text())
-    assert gang.attempt == 3 and status["restarts"] == 2 and status["state"] == "succeeded"
+    assert (gang.attempt, status["restarts"], status["state"]) == (3, 2, "succeeded"), (record, _attempts(run_dir))
     out = capsys.readouterr()
     log = out.out + out.err + caplog.text  # where task logs land depends on what configured logging first
     assert "gang attempt 1 failed: node 1 vanished" in log
