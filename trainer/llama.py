@@ -18,7 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from trainer.model import KVCache, attend, document_mask, document_positions
+from trainer.attention import DocumentMask, attend
+from trainer.model import KVCache, document_positions
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -125,7 +126,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_head * self.hd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: DocumentMask | None,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
@@ -162,7 +163,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: DocumentMask | None,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer))
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
@@ -206,7 +207,7 @@ class Llama(nn.Module):
         if doc_ids is None:
             pos, mask = torch.arange(start, start + T, device=idx.device)[None].expand(B, T), None
         else:
-            pos, mask = document_positions(doc_ids), document_mask(doc_ids)
+            pos, mask = document_positions(doc_ids), DocumentMask(doc_ids)
         x = self.model.embed_tokens(idx)
         cos, sin = rotary(pos, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):

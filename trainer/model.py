@@ -1,7 +1,8 @@
 """A GPT in one readable file (after nanoGPT), with document-aware attention for packed data.
 
-When ``doc_ids`` are given, attention stays inside each document (block-diagonal causal mask)
-and positions restart at every document start, so packing never leaks context across documents.
+When ``doc_ids`` are given, attention stays inside each document (block-diagonal causal mask,
+``trainer/attention.py``) and positions restart at every document start, so packing never leaks
+context across documents.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from trainer.attention import DocumentMask, attend
 
 
 @dataclass(frozen=True)
@@ -47,18 +50,6 @@ class KVCache:
         return k, v
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
-    """Causal attention; with a cache, the new queries are the last of ``k``'s positions (one new token
-    sees every cached one, a prefill is causal from position 0)."""
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    if q.shape[2] == 1:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-    if q.shape[2] != k.shape[2]:
-        raise ValueError("a cached step feeds one token, or the whole prompt into an empty cache")
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -67,7 +58,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, mask: DocumentMask | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
@@ -88,18 +79,10 @@ class Block(nn.Module):
             nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False), nn.GELU(),
             nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False), nn.Dropout(cfg.dropout))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, mask: DocumentMask | None, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), mask, cache, layer)
         return x + self.mlp(self.ln2(x))
-
-
-def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) document ids → (B, 1, T, T) boolean mask: causal and same document."""
-    T = doc_ids.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    same = doc_ids[:, :, None] == doc_ids[:, None, :]
-    return (same & causal)[:, None]
 
 
 def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -147,7 +130,7 @@ class GPT(nn.Module):
         if doc_ids is None:
             pos, mask = torch.arange(start, start + T, device=idx.device)[None], None
         else:
-            pos, mask = document_positions(doc_ids), document_mask(doc_ids)
+            pos, mask = document_positions(doc_ids), DocumentMask(doc_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache, i)
