@@ -11,6 +11,7 @@ import re
 import signal
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,30 @@ def test_stall_is_detected_within_the_stall_timeout(packed, tmp_path: Path):
     assert gang_pids(handle.gang_id) == []
 
 
+def test_starting_up_has_the_startup_budget_and_steps_the_stall_budget():
+    """A relaunched node on a busy machine can take longer than ``stall_timeout_s`` to import torch and
+    reach the rendezvous: a trainer that says it is starting up is judged on ``startup_timeout_s``
+    (a stall there relaunched a healthy gang: stop 46's CI run counted four attempts for three)."""
+    from pipelines.launch.watch import look
+
+    started, stall, startup = 1000.0, 6.0, 120.0
+
+    def clock() -> Watch:
+        return Watch("gang.json", "g", stall, startup, deadline=started + 600)
+
+    def at(state: str, step: int) -> dict:
+        return {"state": state, "step": step, "heartbeat_at": datetime.fromtimestamp(started + 1, UTC).isoformat()}
+
+    starting = clock()
+    assert look(starting, at("initializing", 0), started, started + 1) == (True, None)
+    assert look(starting, at("initializing", 0), started, started + stall + 30)[1] is None
+    fresh, why = look(starting, at("initializing", 0), started, started + startup + 2)
+    assert fresh and "compute.startup_timeout_s=120" in why
+    running = clock()
+    assert look(running, at("running", 5), started, started + 1)[1] is None
+    assert "compute.stall_timeout_s=6" in look(running, at("running", 5), started, started + 1 + stall + 0.5)[1]
+
+
 class _Store:
     """Stand-in for Airflow's task_state_store API (get/set), which lives behind the API server."""
 
@@ -199,7 +224,9 @@ def _kill_then_stop(run_dir: Path, record: dict) -> None:
         time.sleep(0.05)
     while time.monotonic() < deadline:
         h, s = handle(2), status()
-        if h and s.get("state") == "running" and s.get("step", 0) > record["killed_at_step"]:  # attempt 2's own
+        # attempt 2's own progress: written since it started (attempt 1's last line may still be there)
+        if (h and s.get("state") == "running" and s.get("step", 0) > record["killed_at_step"]
+                and datetime.fromisoformat(s["heartbeat_at"]) >= datetime.fromisoformat(h.started_at)):
             for pid in local.processes(h.gang_id, rank=1):
                 os.kill(pid, signal.SIGSTOP)
             record["stopped_at_step"] = s["step"]

@@ -41,9 +41,10 @@ def look(clock: Any, status: dict[str, Any], started: float, now: float) -> tupl
     last_sign = clock.moved_at
     if fresh and status.get("state") in _BUSY_WITHOUT_STEPS:
         last_sign = max(last_sign, heartbeat)
-    # Before this attempt's first sign, and once the trainer says it is done and only has to
-    # exit, the longer startup budget applies; in between, the stall budget.
-    steady = clock.seen and status.get("state") not in DONE
+    # Before this attempt's first step (no sign yet, or starting up: rendezvous with the slowest
+    # node, loading the checkpoint), and once the trainer says it is done and only has to exit,
+    # the longer startup budget applies; in between, the stall budget.
+    steady = clock.seen and status.get("state") not in (*DONE, State.INITIALIZING)
     limit, what = ((clock.stall_timeout_s, "compute.stall_timeout_s") if steady else
                    (clock.startup_timeout_s, "compute.startup_timeout_s"))
     if now - last_sign > limit:
