@@ -52,6 +52,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers(url: str, procs: dict[str, tuple[subprocess.Popen, Path]]) -> bool:
+    """``url`` answers 200 while every server process (name → process, its log) still runs; one that exited
+    fails the wait at once, with its log's tail."""
+    for name, (proc, log) in procs.items():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.5,
              explain: Callable[[], str] | None = None) -> Any:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and what ``explain``
@@ -284,14 +296,8 @@ class LiveAirflow:
         return self.root / f"{component}.log"
 
     def _healthy(self) -> bool:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"airflow {name} exited with {proc.returncode}:\n"
-                                   f"{self.log_path(name).read_text(errors='replace')[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers(f"{self.url}/api/v2/monitor/health",
+                       {f"airflow {name}": (proc, self.log_path(name)) for name, proc in self.procs.items()})
 
     def token(self, user: str = "admin") -> str:
         resp = httpx.post(f"{self.url}/auth/token", json={"username": user, "password": self.password}, timeout=30)

@@ -14,8 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-from live_airflow import BIN, die_with_parent, free_port, signal_group, wait_for
+from live_airflow import BIN, answers, die_with_parent, free_port, signal_group, wait_for
 from postgres import fresh_db, pg_uri
 
 
@@ -67,13 +66,7 @@ class MlflowServer:
         self.proc = None
 
     def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n"
-                               f"{self.log.read_text(errors='replace')[-3000:]}")
-        try:
-            return httpx.get(f"{self.uri}/health", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers(f"{self.uri}/health", {"mlflow server": (self.proc, self.log)})
 
 
 @contextlib.contextmanager
