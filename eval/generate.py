@@ -12,7 +12,8 @@ from typing import Protocol
 
 import torch
 
-from trainer.model import GPT, KVCache
+from trainer.arch import CausalLM
+from trainer.model import KVCache
 
 
 class Tokenizer(Protocol):
@@ -23,7 +24,7 @@ class Tokenizer(Protocol):
 
 
 @torch.inference_mode()
-def sample(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
+def sample(model: CausalLM, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
            top_k: int | None = 40, seed: int = 0, eos_id: int | None = None, device: str = "cpu",
            cache: bool = True) -> list[int]:
     """New token ids after ``prompt_ids``; ``temperature`` 0 is greedy; ``cache`` False recomputes the
@@ -58,7 +59,7 @@ def sample(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: 
     return out
 
 
-def complete(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float = 0.8,
+def complete(model: CausalLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float = 0.8,
              top_k: int | None = 40, seed: int = 0, eos_id: int | None = None, device: str = "cpu") -> str:
     """The prompt followed by the model's continuation, as text."""
     ids = tokenizer.encode(prompt).ids

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.arch import CausalLM
 from trainer.data import PackedSplit
-from trainer.model import GPT
 
 LN2 = math.log(2)
 
@@ -159,7 +159,7 @@ def windows(data: PackedSplit, max_batches: int | None, batch_size: int) -> int:
     return n
 
 
-def score(model: GPT, packed_root: str | Path, split: str = "val", batch_size: int = 16,
+def score(model: CausalLM, packed_root: str | Path, split: str = "val", batch_size: int = 16,
           max_batches: int | None = None, device: str = "cpu") -> Score:
     """Deterministic: the first ``max_batches * batch_size`` windows in order, no sampling."""
     root = Path(packed_root)

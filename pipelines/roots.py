@@ -27,8 +27,9 @@ from pipelines.run_folder import taxiway_home
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_ROOTS_ENV = "TAXIWAY_CONFIG_ROOTS"
 DATA_ROOTS_ENV = "TAXIWAY_DATA_ROOTS"
-DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path", "refresh.landing")
-SPLIT_FIELDS = ("data.train", "data.val")  # a folder or a glob: each file it expands to is checked
+DATA_FIELDS = ("data.train", "data.val", "data.manifest", "tokenizer.path", "refresh.landing", "pretrained")
+# a folder or a glob: each file it expands to is checked
+SPLIT_FIELDS = ("data.train", "data.val", "pretrained")
 SET_LISTS = ("eval.report_sets",)  # lists of splits: each entry is checked as a split
 DEFAULT_DATA = ("data", "demo-data", "landing")  # under TAXIWAY_HOME when TAXIWAY_DATA_ROOTS is unset
 _SHOWN = 10  # files named in one refusal at most

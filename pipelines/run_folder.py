@@ -11,6 +11,7 @@ joining strings, so the layout below is the whole contract (``docs/architecture.
       tokenize/packed.json           link to the packed dataset in the cache
       tokenize/shards/NNNNN.json     the tokenize plan: one shard's tokenizer and file groups each
       parent/                        the parent model's weights when training continues one
+      pretrained/                    the Hugging Face folder a run starts from (pretrained), fetched and checked
       train/                         spec.json (the trainer's input), gang.json (gang handle),
                                      gang.lease, gang.canceled, logs/attempt-N/, smoke/,
                                      metrics.shipped.json, scratch of the trainer (stack dumps)
@@ -133,6 +134,10 @@ class RunFolder:
     @property
     def parent(self) -> Path:
         return self.root / "parent"
+
+    @property
+    def pretrained(self) -> Path:
+        return self.root / "pretrained"
 
     # train -------------------------------------------------------------------------------------
     @property

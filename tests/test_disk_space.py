@@ -19,9 +19,8 @@ from pipelines import disk, stages
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import CheckFailed, kind_of
 from pipelines.run_folder import RunFolder
-from trainer import EXIT_DISK_FULL, DiskFull, checkpoint, parallel
+from trainer import EXIT_DISK_FULL, DiskFull, arch, checkpoint, parallel
 from trainer.loop import train
-from trainer.model import GPT, GPTConfig
 
 
 @pytest.fixture
@@ -51,8 +50,7 @@ def corpus(tmp_path_factory):
 def _commit_tiny(cfg: RunConfig, root: Path, step: int) -> Path:
     """A real checkpoint of ``cfg``'s model after one AdamW step, written by the trainer's commit."""
     torch.manual_seed(step)
-    m = cfg.model
-    model = GPT(GPTConfig(cfg.tokenizer.vocab_size, m.n_layer, m.n_head, m.n_embd, m.block_size))
+    model = arch.build(arch.config_from_dict(cfg.model.trainer_fields(cfg.tokenizer.vocab_size), "config"))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, cfg.tokenizer.vocab_size, (2, 16))
     model(x, x)[1].backward()

@@ -83,8 +83,9 @@ def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_un
     assert mv.tags["airflow.dag_id"] == "taxiway_train" and mv.tags["airflow.run_id"] == dr.run_id
     assert mv.tags["taxiway.config_sha256"] == (run_dir / "config.sha256").read_text().strip()
     assert c.get_run(mv.run_id).info.artifact_uri.startswith((Path(os.environ["TAXIWAY_HOME"]) / "mlartifacts").as_uri())
-    artifacts = {a.path for a in c.list_artifacts(mv.run_id, "model")}
-    assert {"model/model.safetensors", "model/tokenizer.json", "model/model.json"} <= artifacts
+    assert "model/MLmodel" in {a.path for a in c.list_artifacts(mv.run_id, "model")}  # an MLflow Model of the folder
+    artifacts = {a.path for a in c.list_artifacts(mv.run_id, "model/artifacts/model")}
+    assert {f"model/artifacts/model/{f}" for f in ("model.safetensors", "tokenizer.json", "model.json")} <= artifacts
     quoted = quote(dr.run_id, safe="")
     assert _links(dr, "register.model_version") == {  # what the UI's buttons open (taxiway_airflow/links.py)
         f"taxiway_link_{target}": f"/taxiway/go/{target}/taxiway_train/{quoted}"

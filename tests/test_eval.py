@@ -255,9 +255,9 @@ def test_bad_model_files_are_named(strong: Path, tmp_path: Path):
         load_model(garbled)
     nan = _broken_copy(strong, tmp_path / "nan")
     state = load_file(nan / "model.safetensors")
-    state["wte.weight"][0, 0] = float("nan")
+    state["model.embed_tokens.weight"][0, 0] = float("nan")
     save_file(state, nan / "model.safetensors")
-    with pytest.raises(ModelFileError, match="wte.weight holds NaN"):
+    with pytest.raises(ModelFileError, match="embed_tokens.weight holds NaN"):
         load_model(nan)
     with pytest.raises(ModelFileError, match="differs from the recorded"):
         load_model(strong / "model", sha256="0" * 64)
@@ -267,7 +267,11 @@ def test_bad_model_files_are_named(strong: Path, tmp_path: Path):
     (shape / "model.json").write_text(json.dumps(spec))
     with pytest.raises(ModelFileError):
         load_model(shape)
-    assert torch.isfinite(load_model(strong / "model")[0].wte.weight).all()
+    spec["config"]["arch"] = "mamba"
+    (shape / "model.json").write_text(json.dumps(spec))
+    with pytest.raises(ModelFileError, match=r"shape/model\.json: arch 'mamba' is not one Taxiway trains"):
+        load_model(shape)
+    assert torch.isfinite(load_model(strong / "model")[0].lm_head.weight).all()
 
 
 def test_cli_evaluate_exit_codes(strong: Path, weak: Path, tmp_path: Path):

@@ -133,7 +133,7 @@ def test_no_import_circle_anywhere_in_the_tree():
     assert cycle is None, _circle_message(inner, cycle)
 
 
-REGISTRY_ORDER = ("client", "locks", "metrics", "lineage", "runs", "champion", "approval", "sweep")  # pipelines/registry/__init__.py
+REGISTRY_ORDER = ("hf_pyfunc", "served", "client", "locks", "metrics", "lineage", "runs", "champion", "approval", "sweep")  # pipelines/registry/__init__.py
 
 
 def test_registry_modules_import_only_those_below_them():

@@ -136,7 +136,8 @@ def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, 
     assert int(inputs[f"{name}-val"]["files"]) == 16
     assert {"config/config.yaml", "preflight/report.json", "preflight/overlap.png", "packed/manifest.json",
             "tokenizer/tokenizer.json", "eval/report.json", "eval/report.md", "eval/comparison.png",
-            "eval/per_unit.csv", "model/model.safetensors", "model/model.json", "model/tokenizer.json"
+            "eval/per_unit.csv", "model/MLmodel", *(f"model/artifacts/model/{f}" for f in (  # an MLflow Model of
+                "model.safetensors", "model.json", "tokenizer.json", "config.json", "tokenizer_config.json"))  # the folder
             } <= _artifacts(c, mv.run_id)
     assert run.data.params["train.lr"] == "0.005" and run.data.params["eval.confidence"] == "0.95"
     assert [m.step for m in c.get_metric_history(mv.run_id, "loss")] == list(range(10, 301, 10))
@@ -185,7 +186,7 @@ def test_crashed_attempts_are_retried_into_one_version(backend, models, home: Pa
     exp = c.get_experiment_by_name(name)
     runs = c.search_runs([exp.experiment_id], f"tags.`{RUN_KEY_TAG}` = 'scheduled__1'")
     assert [r.info.run_id for r in runs] == [result["run_id"]] and runs[0].info.status == "FINISHED"
-    assert "model/model.safetensors" in _artifacts(c, result["run_id"])
+    assert "model/artifacts/model/model.safetensors" in _artifacts(c, result["run_id"])
 
     # the same run evaluated again now ties with itself (the champion): it stays champion
     assert not _evaluate(run_dir)["passed"]
@@ -388,9 +389,9 @@ def test_generate_loads_the_champion_from_mlflow(models, home: Path, monkeypatch
     assert _generated(f"models:/{name}@champion", ["def ", "import "], seed=7) != lines
 
     # the stored weights corrupted after registration: refused by the sha256 recorded then
-    from pipelines.registry import client
+    from pipelines.registry import client, served
 
-    source = Path(client().get_model_version(name, version).source.removeprefix("file://"))
+    source = served.model_folder(Path(client().get_model_version(name, version).source.removeprefix("file://")))
     (source / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:-8] + b"\0" * 8)
     for cached in (home / "cache" / "models").glob(f"{name}-v*"):
         shutil.rmtree(cached)
@@ -425,7 +426,7 @@ def test_parent_is_the_baseline_and_recorded_as_the_version_training_started_fro
     _evaluate(first)
     assert _register(first, f"{name}-1")["version"] == "1"
     child = _run(home, models["medium"], name, "child", f"parent=models:/{name}@champion", "eval.baseline=parent")
-    stages.parent.weights(stages.prepare.load_run_config(child), child / "parent")  # what the train stage fetches
+    stages.parent.weights(stages.prepare.load_run_config(child), child)  # what the train stage fetches
     report = _evaluate(child)
     assert report["baseline"]["kind"] == "parent" and report["baseline"]["version"] == "1"
     assert not report["passed"]  # 60 steps do not beat the 300-step parent

@@ -14,8 +14,10 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from contenders import BARRIER, all_succeed
+from model_server import served
 from trained_models import clone_run, make_run
 
 from conftest import REPO, cli
@@ -130,4 +132,33 @@ def test_registration_moves_the_champion_and_generate_loads_it_through_the_serve
     proc = cli("generate", f"models:/{name}@champion", "--prompt", "def ", "--max-new-tokens", "16")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("def ") and len(proc.stdout) > len("def ") + 8
-    assert (home / "cache" / "models" / f"{name}-v2" / "model.safetensors").is_file()
+    folder = home / "cache" / "models" / f"{name}-v2"
+    assert (folder / "model.safetensors").is_file()
+
+    # the champion as anyone loads it: transformers reads the folder as it is and generates greedily the
+    # tokens Taxiway's sampler does; `mlflow models serve` answers a prompt
+    _transformers_generates_what_taxiway_does(folder, "def ", 16)
+    with served(f"models:/{name}@champion", on_server.uri, home / "serve.log") as url:
+        answer = httpx.post(f"{url}/invocations", json={"inputs": ["def "], "params": {"max_new_tokens": 8}},
+                            timeout=120)
+    assert answer.status_code == 200, answer.text
+    (text,) = answer.json()["predictions"]
+    assert isinstance(text, str) and text.strip(), answer.json()
+
+
+def _transformers_generates_what_taxiway_does(folder: Path, prompt: str, n: int) -> None:
+    import torch
+    import transformers
+
+    from eval.generate import sample
+    from eval.model_files import load_model
+    from pipelines.tokenize import bpe
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tok(prompt)["input_ids"]
+    assert ids == bpe.load(folder / "tokenizer.json", tok.eos_token).encode(prompt).ids
+    want = sample(load_model(folder)[0], ids, n, temperature=0, eos_id=tok.eos_token_id)
+    with torch.no_grad():
+        got = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+    assert got in (want, [*want, tok.eos_token_id]), (got, want)

@@ -20,8 +20,7 @@ from trainer_corpus import (
 )
 
 from pipelines.launch import local
-from trainer import checkpoint
-from trainer.model import GPT
+from trainer import arch, checkpoint
 from trainer.spec import TrainSpec
 
 
@@ -69,7 +68,7 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
     assert a.keys() == d.keys()
     assert all(torch.allclose(a[k], d[k], rtol=1e-4, atol=1e-5) for k in a)
     # full-state checkpoint: loads into a plain GPT with the exact key set
-    GPT(TrainSpec.load(ref / "train" / "spec.json").model).load_state_dict(a)
+    arch.build(TrainSpec.load(ref / "train" / "spec.json").model).load_state_dict(a)
 
     assert status(bf16)["state"] == "succeeded" and events(bf16, "training_started")[0]["bf16"] is True
     assert all(r["loss"] is not None for r in read_jsonl(bf16 / "metrics.jsonl"))

@@ -67,8 +67,8 @@ def test_served_form_has_titled_grouped_fields_with_enums_and_bounds(served):
 
     # the run-level fields first (the form's open default section), then the groups in order, then the JSON
     sections = [s["schema"].get("section") for s in spec.values()]
-    assert sections[:4] == [None] * 4 and list(spec)[:4] == ["config", "name", "parent", "set"]
-    assert list(dict.fromkeys(sections[4:])) == [*GROUPS, ADVANCED]
+    assert sections[:5] == [None] * 5 and list(spec)[:5] == ["config", "name", "parent", "pretrained", "set"]
+    assert list(dict.fromkeys(sections[5:])) == [*GROUPS, ADVANCED]
     for name in ("data", "train", "compute", "eval", "registry"):
         assert spec[name]["schema"]["section"] == ADVANCED and isinstance(spec[name]["value"], dict), name
     assert "lr" not in spec["train"]["value"] and "grad_clip" in spec["train"]["value"]  # shown once, not twice

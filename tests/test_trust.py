@@ -178,12 +178,14 @@ def test_every_size_count_and_duration_in_the_schema_has_a_ceiling():
     assert not unbounded, "\n".join(unbounded)
 
 
-def test_the_parameter_estimate_is_the_models_own_count():
+@pytest.mark.parametrize("shape", [["model.arch=gpt"], [], ["model.n_kv_head=2", "model.tie_embeddings=false",
+                                                          "model.intermediate_size=100"]])
+def test_the_parameter_estimate_is_the_models_own_count(shape: list[str]):
     from pipelines.config.limits import parameters
-    from trainer.model import GPT, GPTConfig
+    from trainer import arch
 
-    cfg = load_config(TINY, ["model.n_layer=3", "model.n_embd=48", "model.n_head=4"])
-    model = GPT(GPTConfig(vocab_size=cfg.tokenizer.vocab_size, **cfg.model.model_dump(exclude={"dropout"})))
+    cfg = load_config(TINY, ["model.n_layer=3", "model.n_embd=48", "model.n_head=4", *shape])
+    model = arch.build(arch.config_from_dict(cfg.model.trainer_fields(cfg.tokenizer.vocab_size), "config"))
     assert parameters(cfg.model, cfg.tokenizer.vocab_size) == sum(p.numel() for p in model.parameters())
 
 

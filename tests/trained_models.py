@@ -40,17 +40,15 @@ def make_run(home: Path, label: str, steps: int, overrides: list[str] | None = N
 def train_in_process(run_dir: Path, cfg, steps: int, seed: int) -> Path:
     import torch
 
-    from trainer import weights
+    from pipelines import stages
+    from trainer import arch, weights
     from trainer.data import PackedSplit
-    from trainer.model import GPT, GPTConfig
 
     packed = Path(json.loads((run_dir / "tokenize" / "packed.json").read_text())["path"])
     data = PackedSplit(packed, "train")
     torch.manual_seed(seed)
-    m = cfg.model
-    gpt_cfg = GPTConfig(vocab_size=data.manifest["vocab_size"], n_layer=m.n_layer, n_head=m.n_head,
-                        n_embd=m.n_embd, block_size=m.block_size)
-    model = GPT(gpt_cfg)
+    model_cfg = arch.config_from_dict(cfg.model.trainer_fields(data.manifest["vocab_size"]), "config")
+    model = arch.build(model_cfg)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     rng = np.random.default_rng(seed)
     model.train()
@@ -66,10 +64,8 @@ def train_in_process(run_dir: Path, cfg, steps: int, seed: int) -> Path:
                                      "loss": round(loss.item(), 5), "lr": cfg.train.lr}) + "\n")
     (run_dir / "metrics.jsonl").write_text("".join(curve))
     folder = run_dir / "model"
-    weights.export(model.state_dict(), gpt_cfg, folder, {"global_step": steps})
-    for name in ("tokenizer.json", "token_bytes.npy"):
-        shutil.copyfile(packed / name, folder / name)
-    return folder
+    weights.export(model.state_dict(), model_cfg, folder, {"global_step": steps})
+    return stages.train.finish(run_dir)  # the tokenizer files, and a Llama's Hugging Face files
 
 
 def clone_run(home: Path, src: Path, label: str, overrides: list[str]) -> Path:

@@ -22,13 +22,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer import EXIT_CANCELED, EXIT_DATA_STALL, TrainerError, checkpoint, parallel, startup, weights
+from trainer import EXIT_CANCELED, EXIT_DATA_STALL, TrainerError, arch, checkpoint, parallel, startup, weights
 from trainer.data import PackedSplit, ShardedSampler
 from trainer.events import Events
 from trainer.faults import Faults
 from trainer.health import DataWatchdog, LocalTimer, NonFiniteGuard, SpikeDetector, StragglerDetector
 from trainer.hooks import Hooks
-from trainer.model import GPT
 from trainer.parallel import Dist
 from trainer.saver import Committed, Saver
 from trainer.schedule import Schedule
@@ -150,7 +149,7 @@ class _Run:
         torch.manual_seed(t.seed)
         np.random.seed(t.seed + ctx.rank)
         random.seed(t.seed + ctx.rank)
-        self.model = GPT(spec.model)
+        self.model = arch.build(spec.model)
         self.data = PackedSplit(spec.data, "train")
         self.sampler = ShardedSampler(len(self.data), t.batch_size, ctx.rank, ctx.world, t.seed)
         origin, start_lr, state, parent_optim = 0, None, None, None

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import StartupCheckFailed
+from trainer import StartupCheckFailed, arch
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def wrap(model: nn.Module, kind: str, ctx: Dist, bf16: bool) -> nn.Module:
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         kwargs: dict[str, Any] = {"mp_policy": policy} if policy else {}
-        for block in model.blocks:
+        for block in arch.layers(model):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model

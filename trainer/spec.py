@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.model import GPTConfig
+from trainer import arch
 from trainer.paths import TrainerPaths
 
 
@@ -79,7 +79,7 @@ class Parent:
 class TrainSpec:
     paths: TrainerPaths
     data: Path
-    model: GPTConfig
+    model: arch.Config
     train: TrainSettings
     checkpoint: CheckpointSettings
     config_sha256: str
@@ -96,7 +96,7 @@ class TrainSpec:
         raw = json.loads(Path(path).read_text())
         parent = raw.get("parent")
         return cls(paths=TrainerPaths.from_dict(raw["paths"]), data=Path(raw["data"]),
-                   model=GPTConfig(**raw["model"]), train=_typed(TrainSettings, raw["train"], "train"),
+                   model=arch.config_from_dict(raw["model"], "spec.json model"), train=_typed(TrainSettings, raw["train"], "train"),
                    checkpoint=_typed(CheckpointSettings, raw["checkpoint"], "checkpoint"),
                    config_sha256=raw["config_sha256"], backend=raw.get("backend", "auto"),
                    threads=raw.get("threads", 1),

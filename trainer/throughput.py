@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from trainer.model import GPT
+from trainer.arch import CausalLM
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
                     "A10": 125.0}
 
 
-def flops_per_token(model: GPT, seq_len: int) -> float:
+def flops_per_token(model: CausalLM, seq_len: int) -> float:
     cfg = model.cfg
     return 6 * model.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
 

@@ -1,4 +1,8 @@
-"""Weights-only export and import (safetensors + model.json) for evaluation and the registry."""
+"""Weights-only export and import (safetensors + model.json) for evaluation and the registry.
+
+A Llama export is also a Hugging Face folder: its tensors carry ``LlamaForCausalLM``'s names and a
+``config.json`` describes them, so ``transformers`` loads it as it is (``pipelines/stages/train.finish``
+adds the tokenizer files)."""
 
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from trainer.model import GPT, GPTConfig
+from trainer import arch
+from trainer.llama import Llama, LlamaConfig, load_state, read_folder
 
-_TIED = "lm_head.weight"
+_HEAD = "lm_head.weight"
 
 
-def export(state: dict, cfg: GPTConfig, folder: Path, extra: dict | None = None) -> Path:
+def export(state: dict, cfg: arch.Config, folder: Path, extra: dict | None = None) -> Path:
     """Write ``model.safetensors`` and ``model.json`` into ``folder`` atomically (staged + rename).
 
     ``extra`` is training metadata (global step, tokens seen, LR schedule) that a run continuing
@@ -23,22 +28,32 @@ def export(state: dict, cfg: GPTConfig, folder: Path, extra: dict | None = None)
     """
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items() if k != _TIED}
-    save_file(tensors, str(tmp / "model.safetensors"))
-    (tmp / "model.json").write_text(json.dumps({"config": cfg.to_dict(), **(extra or {})}, indent=2))
+    tied = arch.tied(cfg)
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items() if not (tied and k == _HEAD)}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "model.json").write_text(json.dumps({"config": arch.describe(cfg), **(extra or {})}, indent=2))
+    if isinstance(cfg, LlamaConfig):
+        (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     if folder.exists():
         shutil.rmtree(folder)
     os.rename(tmp, folder)
     return folder
 
 
-def load(folder: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
-    """Rebuild the model from ``model.json`` and load ``model.safetensors``."""
+def load(folder: str | Path, device: str = "cpu") -> tuple[arch.CausalLM, dict]:
+    """Rebuild the model from ``model.json`` and load ``model.safetensors``; a Hugging Face folder without
+    Taxiway's ``model.json`` (a pretrained start) from its ``config.json``, with no training metadata."""
     folder = Path(folder)
+    if not (folder / "model.json").is_file() and (folder / "config.json").is_file():
+        cfg, state = read_folder(folder)
+        model = Llama(cfg)
+        load_state(model, state, str(folder))
+        return model.to(device), {}
     info = json.loads((folder / "model.json").read_text())
-    model = GPT(GPTConfig(**info["config"]))
+    cfg = arch.config_from_dict(info["config"], str(folder / "model.json"))
+    model = arch.build(cfg)
     missing, unexpected = model.load_state_dict(load_file(str(folder / "model.safetensors"), device=device),
                                                 strict=False)
-    if set(missing) - {_TIED} or unexpected:
+    if set(missing) - ({_HEAD} if arch.tied(cfg) else set()) or unexpected:
         raise ValueError(f"{folder}: weights do not match model.json (missing {missing}, unexpected {unexpected})")
     return model.to(device), info

@@ -57,10 +57,23 @@ class LimitsConfig(Section):
 
 
 def parameters(model: Any, vocab_size: int) -> int:
-    """Parameters of ``trainer.model.GPT``: tied token embedding, position embedding, per block the
-    attention (qkv, proj) and MLP (4x) weights and two bias-free LayerNorms, and the final LayerNorm."""
+    """Parameters of the model a ``ModelConfig`` builds (trainer/arch.py). ``gpt``: tied token embedding,
+    position embedding, per block attention (qkv, proj), a 4x MLP and two LayerNorms, a final LayerNorm.
+    ``llama``: token embedding (and an untied head), per layer q/o and the narrower k/v of grouped-query
+    attention, SwiGLU's three matrices and two RMSNorms, a final RMSNorm."""
     d = model.n_embd
-    return vocab_size * d + model.block_size * d + model.n_layer * (12 * d * d + 2 * d) + d
+    if model.arch == "gpt":
+        return vocab_size * d + model.block_size * d + model.n_layer * (12 * d * d + 2 * d) + d
+    kv = d // model.n_head * model.kv_heads
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * model.hidden + 2 * d
+    return vocab_size * d * (1 if model.tie_embeddings else 2) + model.n_layer * per_layer + d
+
+
+def tensors(model: Any) -> int:
+    """Tensors of its state dict (``torch.save`` keeps a record for each)."""
+    if model.arch == "gpt":
+        return 3 + 6 * model.n_layer
+    return 2 + (not model.tie_embeddings) + 9 * model.n_layer
 
 
 def checkpoint_bytes(cfg: Any, vocab_size: int | None = None) -> int:
@@ -70,7 +83,7 @@ def checkpoint_bytes(cfg: Any, vocab_size: int | None = None) -> int:
     loaded from ``tokenizer.path``; tests/test_disk_space.py holds it to a real checkpoint)."""
     m = cfg.model
     ranks = cfg.compute.nodes * cfg.compute.procs_per_node
-    return (3 * FP32 * parameters(m, vocab_size or cfg.tokenizer.vocab_size) + (3 + 6 * m.n_layer) * PER_TENSOR_BYTES
+    return (3 * FP32 * parameters(m, vocab_size or cfg.tokenizer.vocab_size) + tensors(m) * PER_TENSOR_BYTES
             + ranks * RNG_BYTES + EXTRA_BYTES)
 
 

@@ -83,19 +83,59 @@ class PackConfig(Section):
 
 
 class ModelConfig(Section):
-    """A GPT; the vocabulary size comes from the tokenizer."""
+    """The model to train; the vocabulary size comes from the tokenizer. The llama architecture (the default)
+    names its tensors as the transformers library's LlamaForCausalLM, so a registered version loads and serves
+    as a Hugging Face model; gpt is Taxiway's first model, kept so its versions train on. A run that continues
+    a parent, or starts from a pretrained folder, trains that model, whatever this section says."""
 
+    arch: Literal["llama", "gpt"] = Field("llama", description="llama (RMSNorm, rotary, SwiGLU, grouped-query "
+                                          "attention) or gpt (LayerNorm, learned positions, GELU)")
     n_layer: Bounded(512) = Field(12, description="Transformer blocks")
     n_head: Bounded(512) = Field(12, description="Attention heads per block; must divide the width")
     n_embd: Bounded(65_536) = Field(768, description="Width: embedding and hidden size")
     block_size: Bounded(131_072) = Field(1024, description="Longest context the model supports")
     dropout: Fraction = Field(0.0, description="Dropout probability while training")
+    n_kv_head: Bounded(512) | None = Field(None, description="llama: key/value heads (grouped-query attention); "
+                                           "must divide n_head; unset = n_head")
+    intermediate_size: Bounded(1_048_576) | None = Field(
+        None, description="llama: SwiGLU hidden width; unset = 8/3 of n_embd, rounded up to a multiple of 32")
+    rope_theta: float = Field(10_000.0, gt=0.0, le=1e9, description="llama: rotary base")
+    rms_norm_eps: float = Field(1e-5, gt=0.0, le=0.1, description="llama: RMSNorm epsilon")
+    tie_embeddings: bool = Field(True, description="llama: the output head is the token embedding (gpt always ties)")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if self.arch == "gpt":
+            if own := [k for k in _LLAMA_ONLY if getattr(self, k) != ModelConfig.model_fields[k].default]:
+                raise ValueError(f"{', '.join(own)}: llama settings; arch is gpt")
+        elif self.n_head % self.kv_heads:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.kv_heads})")
+        elif (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"head size n_embd / n_head ({self.n_embd // self.n_head}) must be even (rotary positions)")
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden(self) -> int:
+        """The SwiGLU width: ``intermediate_size``, else Llama's 8/3 of the width rounded up to 32."""
+        return self.intermediate_size or -(-8 * self.n_embd // 3 // 32) * 32
+
+    def trainer_fields(self, vocab_size: int) -> dict[str, object]:
+        """The model as the trainer builds it (``trainer.arch.config_from_dict``)."""
+        common = {"arch": self.arch, "vocab_size": vocab_size, "n_layer": self.n_layer, "n_head": self.n_head,
+                  "n_embd": self.n_embd, "block_size": self.block_size, "dropout": self.dropout}
+        if self.arch == "gpt":
+            return common
+        return {**common, "n_kv_head": self.kv_heads, "intermediate_size": self.hidden, "rope_theta": self.rope_theta,
+                "rms_norm_eps": self.rms_norm_eps, "tie_embeddings": self.tie_embeddings}
+
+
+_LLAMA_ONLY = ("n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps", "tie_embeddings")
 
 
 class TrainConfig(Section):
@@ -314,6 +354,20 @@ class RunConfig(Section):
     limits: LimitsConfig = LimitsConfig()
     alerts: AlertsConfig = AlertsConfig()
     parent: str | None = Field(None, max_length=512, description="models:/ URI to continue training from")
+    pretrained: PathText | None = Field(
+        None, description="A Hugging Face model folder to start from (config.json, model.safetensors or a sharded "
+                          "index, tokenizer.json; a local path or a data-root URI): its architecture, weights and "
+                          "tokenizer replace model.* and tokenizer.*, and it is the model to beat while no champion "
+                          "is registered")
+
+    @model_validator(mode="after")
+    def _one_start(self) -> RunConfig:
+        if self.pretrained and self.parent:
+            raise ValueError("pretrained and parent are both set: a run starts from one model (a registered "
+                             "version continues as parent)")
+        if self.pretrained and self.tokenizer.path:
+            raise ValueError("tokenizer.path is set with pretrained: a pretrained model brings its own tokenizer.json")
+        return self
 
     @property
     def lr_schedule(self) -> Literal["rewarm", "wsd"]:

@@ -36,13 +36,13 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
     spec = {
         "paths": (folder.smoke_trainer if smoke else folder.trainer).to_dict(),
         "data": str(packed),
-        "model": {**cfg.model.model_dump(), "vocab_size": packed_manifest["vocab_size"]},
+        "model": model_fields(cfg, packed_manifest["vocab_size"], parent_weights),
         "train": cfg.train.model_dump(),
         "checkpoint": cfg.checkpoint.model_dump(),
         "config_sha256": cfg.sha256(),
         "backend": cfg.compute.backend,
         "threads": cfg.compute.threads_per_proc,
-        "parent": {"uri": cfg.parent, "weights": str(parent_weights),
+        "parent": {"uri": cfg.parent or cfg.pretrained, "weights": str(parent_weights),
                    "checkpoint": str(parent_checkpoint) if parent_checkpoint else None} if parent_weights else None,
         "world_size": cfg.compute.nodes * cfg.compute.procs_per_node,
         # the trainer must be done before the launcher's SIGKILL: keep a margin for process exit
@@ -53,6 +53,20 @@ def write_trainer_spec(cfg: RunConfig, run_dir: Path, packed: Path, parent_weigh
         "schedule": lr_schedule(cfg),
     }
     return fsio.write_json(folder.smoke_spec if smoke else folder.trainer_spec, spec)
+
+
+def model_fields(cfg: RunConfig, vocab_size: int, parent_weights: Path | None) -> dict[str, object]:
+    """The model the trainer builds: the config's, or the parent's own when the run continues one (its
+    architecture and shape are in its weights; a GPT version goes on as a GPT), with the config's dropout."""
+    if parent_weights is None:
+        return cfg.model.trainer_fields(vocab_size)
+    if not (parent_weights / "model.json").is_file():  # a pretrained Hugging Face folder
+        from trainer.llama import LlamaConfig  # torch (~1 s): DAG files import this module
+
+        hf = LlamaConfig.from_hf(json.loads((parent_weights / "config.json").read_text()))
+        return {"arch": "llama", **hf.to_dict(), "dropout": cfg.model.dropout}
+    theirs = json.loads((parent_weights / "model.json").read_text())["config"]
+    return {"arch": "gpt", **theirs, "dropout": cfg.model.dropout}  # written before arch existed: a GPT
 
 
 def lr_schedule(cfg: RunConfig) -> dict[str, object]:

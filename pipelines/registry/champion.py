@@ -56,11 +56,14 @@ class ChampionMoved:
                 f"was evaluated against {self.expected or 'the floor'}; evaluate it again")
 
 
+NO_CHAMPION = ("floor", "pretrained")  # baselines that stand in while no model holds the champion alias
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The model a candidate is evaluated against, downloaded."""
 
-    kind: str            # champion | parent | uri
+    kind: str            # champion | parent | uri | pretrained
     uri: str
     name: str
     version: str
@@ -134,10 +137,11 @@ def resolve_baseline(cfg: RunConfig, dest: Path, choice: str | None = None) -> B
 # --- moving the aliases -------------------------------------------------------------------------------
 
 def _evaluated_against(report: dict[str, Any], name: str) -> str | None:
-    """The champion this report's gate decided against: None for the floor, a version of ``name``,
-    or a marker that matches no champion (a baseline from elsewhere)."""
+    """The champion this report's gate decided against: None for the floor or the pretrained start
+    (no champion was there), a version of ``name``, or a marker that matches no champion (a baseline
+    from elsewhere)."""
     base = report["baseline"]
-    if base["kind"] == "floor":
+    if base["kind"] in NO_CHAMPION:
         return None
     return str(base["version"]) if base.get("name") == name else f"{base.get('name')}/{base.get('version')}"
 
@@ -167,7 +171,7 @@ def _compare_and_set(reg: RegistryConfig, version: str, expected: str | None,
     name, alias = reg.model_name, reg.champion_alias
     c = client()
     with champion_lock(c, name, reg.lock_timeout_s):
-        mv = current_champion(c, name, alias, missing_ok=report["baseline"]["kind"] == "floor")
+        mv = current_champion(c, name, alias, missing_ok=report["baseline"]["kind"] in NO_CHAMPION)
         found = str(mv.version) if mv is not None else None
         if found == version:
             return True, found  # a retried task: this version already won

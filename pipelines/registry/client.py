@@ -18,6 +18,7 @@ from urllib.parse import unquote_plus
 
 from pipelines.config import RegistryConfig
 from pipelines.errors import BadInput, Transient
+from pipelines.registry import served
 from pipelines.run_folder import Cache, cache_dir, mlflow_tracking_uri
 from trainer import fsio
 
@@ -204,8 +205,9 @@ def download(mv, dest: Path, reg: RegistryConfig | None = None) -> Path:
     where = f"models:/{mv.name}/{mv.version}"
     try:
         try:
-            got = Path(with_retries(reg or RegistryConfig(), f"download {where}", lambda: mlflow.artifacts.download_artifacts(
-                artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=mlflow_tracking_uri())))
+            got = served.model_folder(Path(with_retries(
+                reg or RegistryConfig(), f"download {where}", lambda: mlflow.artifacts.download_artifacts(
+                    artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=mlflow_tracking_uri()))))
         except (MlflowException, OSError) as exc:
             raise Transient(f"{where}: its files at {mv.source} cannot be downloaded ({exc})") from None
         if not (got / "model.safetensors").is_file():

@@ -50,6 +50,15 @@ def parent_version(cfg: RunConfig, run_dir: Path) -> str:
     return cfg.parent
 
 
+def pretrained_origin(cfg: RunConfig, run_dir: Path) -> str:
+    """The Hugging Face folder training started from, with the sha256 of its weight files as fetched."""
+    if not cfg.pretrained:
+        return "none"
+    files = sorted(RunFolder(run_dir).pretrained.glob("*.safetensors"))
+    digest = hashlib.sha256("".join(fsio.sha256_file(f) for f in files).encode()).hexdigest()
+    return f"{cfg.pretrained} (weights sha256 {digest})"
+
+
 def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_version: str,
          airflow: dict[str, str]) -> dict[str, str]:
     """The model version's lineage tags (docs/architecture.md, contracts) and its evaluation against the baseline."""
@@ -62,6 +71,7 @@ def tags(cfg: RunConfig, run_dir: Path, eval_report: dict[str, Any], code_versio
         WEIGHTS_TAG: fsio.sha256_file(RunFolder(run_dir).model / "model.safetensors"),
         "taxiway.code_version": code_version,
         "taxiway.parent_model": parent_version(cfg, run_dir),
+        "taxiway.pretrained": pretrained_origin(cfg, run_dir),
         "taxiway.run_dir": str(run_dir),
         **{f"airflow.{k}": str(v) for k, v in airflow.items()},
     }

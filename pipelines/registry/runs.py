@@ -23,7 +23,7 @@ from typing import Any
 
 from pipelines.config import RegistryConfig, RunConfig
 from pipelines.errors import BadInput
-from pipelines.registry import lineage
+from pipelines.registry import lineage, served
 from pipelines.registry import metrics as live_metrics
 from pipelines.registry.client import CHECKPOINT_ARTIFACT, client, with_retries
 from pipelines.run_folder import RunFolder, mlflow_artifact_root, mlflow_tracking_uri
@@ -212,7 +212,7 @@ def _log_run(c, cfg: RunConfig, run_dir: Path, run_key: str, tags: dict[str, str
     _log_datasets(c, run_id, cfg, run_dir)
     for path, dest in lineage.artifacts(run_dir):
         c.log_artifact(run_id, str(path), artifact_path=dest)
-    c.log_artifacts(run_id, str(RunFolder(run_dir).model), artifact_path="model")
+    served.log_model(c, run_id, RunFolder(run_dir).model)
     if cfg.registry.log_checkpoint and (final := lineage.final_checkpoint(run_dir)) is not None:
         c.log_artifacts(run_id, str(final), artifact_path=CHECKPOINT_ARTIFACT)
     c.set_terminated(run_id)
@@ -223,7 +223,7 @@ def _model_version(c, name: str, run_id: str, run_key: str, tags: dict[str, str]
     from mlflow.exceptions import MlflowException  # mlflow (~1 s): DAG parse must not pay for it
 
     try:
-        c.create_registered_model(name, description="Taxiway GPT models; see version tags for lineage.")
+        c.create_registered_model(name, description="Taxiway models; see version tags for lineage.")
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise

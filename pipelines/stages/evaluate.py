@@ -22,6 +22,7 @@ from pipelines.refresh.layout import layout
 from pipelines.refresh.plan import RefreshPlan
 from pipelines.registry import lineage
 from pipelines.run_folder import RunFolder
+from pipelines.stages import pretrained
 from pipelines.stages.prepare import require
 from pipelines.tokenize import bpe
 from trainer import fsio
@@ -88,6 +89,9 @@ def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: Ref
     device = resolve_device(e.device)
     candidate, _ = load_model(require(folder.model, "train"), device)
     chosen = registry.resolve_baseline(cfg, folder.baseline, baseline)
+    if chosen is None and e.baseline != "floor" and (start := pretrained.folder(cfg, run_dir)) is not None:
+        # no champion yet: the pretrained model the run started from is what it must beat
+        chosen = registry.Baseline("pretrained", str(cfg.pretrained), "pretrained", "", start, None)
     if chosen is None:
         model = None
         why = ("no champion at registration" if baseline == "floor" else
@@ -96,7 +100,8 @@ def run(cfg: RunConfig, run_dir: Path, baseline: str | None = None, refresh: Ref
                 "name": None, "uri": None, "version": None}
     else:
         model, _ = load_model(chosen.folder, device, chosen.weights_sha256)
-        info = {"kind": chosen.kind, "label": f"{chosen.kind} models:/{chosen.name}/{chosen.version}",
+        info = {"kind": chosen.kind, "label": f"pretrained {chosen.uri}" if chosen.kind == "pretrained" else
+                f"{chosen.kind} models:/{chosen.name}/{chosen.version}",
                 "name": chosen.name, "uri": chosen.uri, "version": chosen.version}
     sets, left_out = judged_sets(cfg, run_dir, packed, refresh, model is not None)
     scored = []

@@ -11,6 +11,7 @@ from pipelines import registry
 from pipelines.config import RunConfig
 from pipelines.errors import BadInput
 from pipelines.run_folder import RunFolder
+from pipelines.stages import pretrained
 from pipelines.stages.prepare import require
 from trainer import fsio
 
@@ -18,7 +19,8 @@ log = logging.getLogger("taxiway.stages")
 
 
 def tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
-    """The parent's tokenizer; an explicit ``tokenizer.path`` that differs from it is refused."""
+    """The parent's (or pretrained folder's) tokenizer; an explicit ``tokenizer.path`` that differs from it
+    is refused."""
     theirs = require(parent_dir / "tokenizer.json", "register (the parent has no tokenizer.json)")
     if cfg.tokenizer.path and fsio.sha256_file(cfg.tokenizer.path) != fsio.sha256_file(theirs):
         raise BadInput(f"tokenizer.path {cfg.tokenizer.path} differs from the parent model's tokenizer "
@@ -27,11 +29,14 @@ def tokenizer(cfg: RunConfig, parent_dir: Path) -> Path:
     return theirs
 
 
-def weights(cfg: RunConfig, dest: Path) -> Path | None:
-    """The parent's exported model folder, downloaded to ``dest``; None for a run from scratch."""
+def weights(cfg: RunConfig, run_dir: Path) -> Path | None:
+    """The weights a run starts from: the parent's exported folder (downloaded into the run folder), the
+    pretrained folder (fetched and checked when the run was prepared), or None for a run from scratch."""
+    if cfg.pretrained:
+        return pretrained.folder(cfg, run_dir)
     if not cfg.parent:
         return None
-    return registry.download(registry.resolve_version(cfg.parent), dest)
+    return registry.download(registry.resolve_version(cfg.parent), RunFolder(run_dir).parent)
 
 
 def checkpoint(cfg: RunConfig, weights_dir: Path) -> Path | None:

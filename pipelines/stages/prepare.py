@@ -16,7 +16,9 @@ class StageInputError(BadInput):
 
 
 def prepare(cfg: RunConfig, run_dir: Path) -> Path:
-    """Write ``config.yaml`` and its sha256: the run's identity. Idempotent for the same config."""
+    """Write ``config.yaml`` and its sha256: the run's identity; fetch and check the pretrained folder a
+    run starts from, before any compute. Idempotent for the same config."""
+    from pipelines.stages import pretrained  # it imports this module's neighbours; prepare is the first step
     run_dir.mkdir(parents=True, exist_ok=True)
     folder = RunFolder(run_dir)
     path = folder.config
@@ -24,6 +26,7 @@ def prepare(cfg: RunConfig, run_dir: Path) -> Path:
         raise BadInput(f"{run_dir}: run folder already holds a different config; use another --run-dir")
     fsio.write_text(path, cfg.to_yaml())
     fsio.write_text(folder.config_sha256, cfg.sha256() + "\n")
+    pretrained.fetch(cfg, run_dir)
     return path
 
 

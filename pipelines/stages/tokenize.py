@@ -27,7 +27,7 @@ def data(cfg: RunConfig, run_dir: Path) -> RunConfig:
     """What tokenize packs: the data the preflight gate let through (its decontaminated val split,
     if any), with the parent model's tokenizer when training continues from a parent."""
     cfg = effective_data(cfg, run_dir)
-    weights = parent.weights(cfg, RunFolder(run_dir).parent)
+    weights = parent.weights(cfg, run_dir)
     if weights is not None:
         cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(
             update={"path": str(parent.tokenizer(cfg, weights))})})

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines import disk, registry
+from pipelines import disk, hf_folder, registry
 from pipelines.config import RunConfig
 from pipelines.errors import CheckFailed
 from pipelines.launch import k8s, local
@@ -65,9 +65,9 @@ def spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
     packed = Path(lineage.packed_info(run_dir)["path"])
     if smoke:
         shutil.rmtree(folder.smoke, ignore_errors=True)
-    weights = parent.weights(cfg, folder.parent)
+    weights = parent.weights(cfg, run_dir)
     return write_trainer_spec(cfg, run_dir, packed, weights, smoke=smoke,
-                              parent_checkpoint=parent.checkpoint(cfg, weights) if weights else None)
+                              parent_checkpoint=parent.checkpoint(cfg, weights) if weights and cfg.parent else None)
 
 
 def smoke(cfg: RunConfig, run_dir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -183,12 +183,13 @@ def job_watch(cfg: RunConfig, run_dir: Path, started: float) -> StatusWatch:
 
 def finish(run_dir: Path) -> Path:
     """Training ended well: the exported model folder, completed with the tokenizer files evaluation
-    and registry need."""
+    and registry need (and a Llama's Hugging Face files: pipelines/hf_folder.py)."""
     model_dir = RunFolder(run_dir).model
     require(model_dir / "model.safetensors", "train")
     packed = Path(lineage.packed_info(run_dir)["path"])
     for name in ("tokenizer.json", "token_bytes.npy"):
         fsio.write_bytes(model_dir / name, (packed / name).read_bytes())
+    hf_folder.complete(model_dir, load_run_config(run_dir).tokenizer.eos_token)
     return model_dir
 
 

@@ -80,5 +80,5 @@ SECTION_TITLES = {
     "name": "Experiment name", "parent": "Continue from model", "data": "Data", "preflight": "Preflight",
     "tokenizer": "Tokenizer", "pack": "Packing", "model": "Model", "train": "Training", "checkpoint": "Checkpoints",
     "compute": "Compute", "eval": "Evaluation", "registry": "Registry", "refresh": "Refresh", "limits": "Limits",
-    "alerts": "Alerts",
+    "alerts": "Alerts", "pretrained": "Start from a Hugging Face model",
 }

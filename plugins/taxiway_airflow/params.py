@@ -150,6 +150,8 @@ def build_params() -> dict[str, Any]:
                                     "every field below overlays it where it differs from its default"),
         "name": param(defaults["name"], title=SECTION_TITLES["name"], **_field_schema(schemas["name"])),
         "parent": param(defaults["parent"], title=SECTION_TITLES["parent"], **_field_schema(schemas["parent"])),
+        "pretrained": param(defaults["pretrained"], title=SECTION_TITLES["pretrained"],
+                            **_field_schema(schemas["pretrained"])),
         "set": param([], type=["array", "null"], items={"type": "string"}, title="Overrides",
                      description="key.path=value lines applied last, over everything else, e.g. train.lr=3e-4"),
     }
