@@ -3,19 +3,19 @@
 1. throughput: ``python -m trainer`` (status.json at every state change and every 5 s, metrics.jsonl
    every 10 steps, events.jsonl, async checkpoints every ``--every`` steps, the per-step health
    collective, the data watchdog) against a bare PyTorch
-   DDP loop training the same GPT on the same batches (materialized in memory before timing: the
+   DDP loop training the same model (``--arch``: the Llama by default) on the same batches (materialized in memory before timing: the
    bare loop pays nothing for data). tokens/s from the end of warmup step W to the last step N
    (the trainer's final checkpoint and export come after N and are not counted). Also tokens per
    CPU second of rank 0 (all its threads: writer, watchdog, gloo) over the same span, a figure that
    waiting for a core on a shared machine does not move.
-2. checkpoint blocking: the trainer on a ~29M-parameter GPT with ``checkpoint.async_save`` true and
+2. checkpoint blocking: the trainer on a ~30M-parameter model with ``checkpoint.async_save`` true and
    false; per save, the seconds the loop was blocked (``checkpoint_saved.blocked_s`` events), the
    final save (always waited for) excluded.
 
 Methods alternate (A B, then B A) within back-to-back pairs, so load from other processes hits
 both alike; figures are medians, plus the median of the per-pair ratios.
 
-    .venv/bin/python bench/trainer_bench.py [--pairs 6] [--steps 120] [--every 50] [--ckpt-repeats 3]
+    .venv/bin/python bench/trainer_bench.py [--pairs 6] [--steps 120] [--every 50] [--ckpt-repeats 3] [--arch llama]
 """
 
 from __future__ import annotations
@@ -41,6 +41,14 @@ SMALL = {"vocab_size": 4096, "n_layer": 4, "n_head": 4, "n_embd": 128, "block_si
 BIG = {"vocab_size": 8192, "n_layer": 8, "n_head": 8, "n_embd": 512, "block_size": 64, "dropout": 0.0}
 
 
+def shaped(model: dict, arch: str) -> dict:
+    """``model`` as ``arch`` builds it: the Llama with half as many key/value heads and SwiGLU at 8/3 width."""
+    if arch == "gpt":
+        return {"arch": "gpt", **model}
+    return {"arch": "llama", **model, "n_kv_head": model["n_head"] // 2,
+            "intermediate_size": -(-8 * model["n_embd"] // 3 // 32) * 32}
+
+
 def make_data(root: Path, vocab: int, seq_len: int, windows: int, seed: int = 0) -> Path:
     """A packed split in the trainer's format: random tokens, documents of random length."""
     rng = np.random.default_rng(seed)
@@ -58,10 +66,13 @@ def make_data(root: Path, vocab: int, seq_len: int, windows: int, seed: int = 0)
 
 def write_spec(run_dir: Path, data: Path, model: dict, steps: int, batch: int, every: int, async_save: bool,
                log_every: int) -> Path:
-    spec = {"run_dir": str(run_dir), "data": str(data), "model": model, "config_sha256": "bench",
+    paths = {"status": "status.json", "metrics": "metrics.jsonl", "events": "events.jsonl",
+             "checkpoints": "checkpoints", "export": "model", "scratch": "scratch"}
+    spec = {"paths": {k: str(run_dir / v) for k, v in paths.items()}, "data": str(data), "model": model,
+            "config_sha256": "bench",
             "backend": "gloo", "threads": 1, "world_size": PROCS, "parent": None,
             "train": {"steps": steps, "batch_size": batch, "grad_accum": 1, "lr": 3e-4, "min_lr": 3e-5,
-                      "warmup_steps": WARMUP, "weight_decay": 0.1, "grad_clip": 1.0, "decay": "cosine", "seed": 1337,
+                      "warmup_steps": WARMUP, "rewarmup_steps": 0, "weight_decay": 0.1, "grad_clip": 1.0, "decay": "cosine", "seed": 1337,
                       "log_every": log_every, "deterministic": False, "parallel": "ddp", "precision": "fp32",
                       "peak_tflops": None, "max_nonfinite_steps": 5, "spike_window": 100, "spike_sigma": 6.0,
                       "data_timeout_s": 300},
@@ -103,23 +114,24 @@ def bare_run(spec: Path) -> tuple[float, float]:
 
 def bare(spec_path: str, out: str) -> None:
     """The baseline: what one would write by hand (nanoGPT-style), DDP over gloo, same batches."""
+    import dataclasses
     import math
 
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from trainer import arch
     from trainer.data import PackedSplit, ShardedSampler
-    from trainer.model import GPT
     from trainer.spec import TrainSpec
 
     spec = TrainSpec.load(spec_path)
-    t = spec.train
+    t = dataclasses.asdict(spec.train)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(t["seed"])
-    model = GPT(spec.model)
+    model = arch.build(spec.model)
     ddp = DDP(model)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -171,6 +183,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--every", type=int, default=50, help="checkpoint cadence of the throughput runs")
     parser.add_argument("--ckpt-repeats", type=int, default=3, help="async/sync pairs of the blocking runs")
+    parser.add_argument("--arch", choices=("llama", "gpt"), default="llama", help="the model both sides train")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trainer.json")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
@@ -182,7 +195,8 @@ def main() -> None:
     runners = {"trainer": trainer_run, "bare": bare_run}
     for p in range(args.pairs):
         for method in ("trainer", "bare") if p % 2 == 0 else ("bare", "trainer"):
-            spec = write_spec(base / f"{method}{p}", small, SMALL, args.steps, 8, args.every, True, 10)
+            spec = write_spec(base / f"{method}{p}", small, shaped(SMALL, args.arch), args.steps, 8, args.every,
+                              True, 10)
             tps, per_cpu = runners[method](spec)
             rows[method].append(tps)
             rows[f"{method}_cpu"].append(per_cpu)
@@ -191,7 +205,7 @@ def main() -> None:
               f"{rows['trainer_cpu'][-1]:.0f}, bare {rows['bare_cpu'][-1]:.0f}", flush=True)
     for r in range(args.ckpt_repeats):
         for mode in ("async", "sync") if r % 2 == 0 else ("sync", "async"):
-            spec = write_spec(base / f"{mode}{r}", big, BIG, 41, 1, 10, mode == "async", 10)
+            spec = write_spec(base / f"{mode}{r}", big, shaped(BIG, args.arch), 41, 1, 10, mode == "async", 10)
             blocked, tps = blocked_per_save(spec)
             rows[f"{mode}_blocked"].append(blocked)
             rows[f"{mode}_tps"].append(tps)
@@ -199,7 +213,9 @@ def main() -> None:
               f"sync {rows['sync_blocked'][-1]}", flush=True)
     med = statistics.median
     ratios = [t / b for t, b in zip(rows["trainer"], rows["bare"], strict=True)]
-    n_params = 12 * BIG["n_layer"] * BIG["n_embd"] ** 2 + (BIG["vocab_size"] + BIG["block_size"]) * BIG["n_embd"]
+    from trainer import arch
+
+    n_params = sum(p.numel() for p in arch.build(arch.config_from_dict(shaped(BIG, args.arch), "BIG")).parameters())
     result = {
         "trainer_tokens_per_s": med(rows["trainer"]), "bare_tokens_per_s": med(rows["bare"]),
         "throughput_ratio": med(rows["trainer"]) / med(rows["bare"]), "pair_ratio_median": med(ratios),
@@ -212,9 +228,9 @@ def main() -> None:
         "async_blocked_s_per_save": med(s for run in rows["async_blocked"] for s in run),
         "sync_blocked_s_per_save": med(s for run in rows["sync_blocked"] for s in run),
         "async_tokens_per_s": med(rows["async_tps"]), "sync_tokens_per_s": med(rows["sync_tps"]),
-        "checkpoint_mib": checkpoint_bytes(base / "sync0") / 2**20, "big_model_params_approx": n_params,
+        "checkpoint_mib": checkpoint_bytes(base / "sync0") / 2**20, "big_model_params": n_params,
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-        "raw": rows, "pairs": args.pairs, "steps": args.steps, "every": args.every,
+        "raw": rows, "pairs": args.pairs, "steps": args.steps, "every": args.every, "arch": args.arch,
     }
     result["blocked_ratio"] = result["async_blocked_s_per_save"] / result["sync_blocked_s_per_save"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
