@@ -22,10 +22,11 @@ def complete(model_dir: Path, eos_token: str) -> None:
     """Write the Hugging Face files that name the tokenizer and the end of a document (idempotent)."""
     if not is_hf(model_dir):
         return
-    added = json.loads((model_dir / "tokenizer.json").read_text()).get("added_tokens", [])
-    eos = next((t["id"] for t in added if t["content"] == eos_token), None)
-    if eos is None:
-        raise ValueError(f"{model_dir / 'tokenizer.json'}: no added token {eos_token!r} (tokenizer.eos_token)")
+    from tokenizers import Tokenizer  # tokenizers: DAG parse must not load it (tests/test_dag.py)
+
+    eos = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(eos_token)
+    if eos is None:  # an added token or one of the model's vocabulary, as a pretrained tokenizer may have it
+        raise ValueError(f"{model_dir / 'tokenizer.json'}: no token {eos_token!r} (tokenizer.eos_token)")
     config = json.loads((model_dir / "config.json").read_text())
     fsio.write_json(model_dir / "config.json", {**config, "eos_token_id": eos, "pad_token_id": eos})
     fsio.write_json(model_dir / "generation_config.json", {"eos_token_id": eos, "pad_token_id": eos})

@@ -100,6 +100,17 @@ def test_a_folder_it_cannot_start_from_is_refused_at_prepare_naming_the_file(hom
     assert not (run_dir / "pretrained").exists() and not list(run_dir.glob(".pretrained.*"))
 
 
+def test_a_refresh_continues_the_champion_not_the_pretrained_start(tmp_path: Path):
+    """A deployment that starts from ``pretrained`` refreshes its champion: the refresh's config drops the
+    pretrained folder (else the run would start from it again and fetch it for nothing)."""
+    from pipelines.config import load_config
+    from pipelines.refresh.plan import refresh_config
+
+    cfg = load_config(TINY, [f"pretrained={tmp_path}"])
+    refresh = refresh_config(cfg, tmp_path, "models:/m/1")
+    assert (refresh.parent, refresh.pretrained) == ("models:/m/1", None)
+
+
 def test_a_pretrained_folder_is_held_to_the_data_roots(home: Path, tmp_path: Path, demo_data):
     from pipelines.config import load_config
     from pipelines.roots import OutOfBounds, Roots, data_values

@@ -146,14 +146,14 @@ def base_data(cfg: RunConfig, ledger: Ledger, champion: str | None) -> dict:
 
 
 def refresh_config(cfg: RunConfig, run_dir: Path, champion: str) -> RunConfig:
-    """The deployment's config, continued from ``champion`` for ``refresh.steps`` with a short
+    """The deployment's config, continued from ``champion`` (never from its ``pretrained`` start) for ``refresh.steps`` with a short
     re-warmup, on the dataset ``assemble`` builds in the run folder, judged against that parent
     version itself (not whatever holds the alias when it is evaluated). ``refresh.schedule`` shapes
     the LR from there (``launch.spec.lr_schedule``) around ``refresh.lr`` (else train.lr): rewarm decays
     over the whole refresh; wsd stays there and decays only the last ``refresh.decay_steps``, continuing the parent's stable state."""
     data, r, judged = layout(cfg, run_dir), cfg.refresh, judged_as_refresh(cfg, run_dir)
     return judged.model_copy(update={
-        "parent": champion,
+        "parent": champion, "pretrained": None,  # the champion goes on, not the folder the first run started from
         "data": judged.data.model_copy(update={"train": str(data.train), "manifest": str(data.manifest)}),
         "train": cfg.train.model_copy(update={"steps": r.steps, "rewarmup_steps": r.warmup_steps,
                                               "lr": r.lr or cfg.train.lr}),
