@@ -23,11 +23,11 @@ class TextGeneration(PythonModel):
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
+    def predict(self, context: Any, model_input: list[str], params: dict[str, Any] | None = None) -> list[str]:
         import torch  # as above
 
         params = params or {}
-        prompts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
+        prompts = list(model_input)  # MLflow validates and converts the input by the list[str] hint
         temperature = float(params.get("temperature", 0.0))
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         out = []
