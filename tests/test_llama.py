@@ -81,11 +81,14 @@ def test_a_folder_this_model_cannot_compute_the_same_way_is_refused_naming_file_
     config = tmp_path / "hf" / "config.json"
     good = json.loads(config.read_text())
     for change, named in (({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "architectures"),
-                          ({"attention_bias": True}, "attention_bias is True"),
-                          ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1.0}}, "rope type 'llama3'")):
+                          ({"attention_bias": True}, "attention_bias: expected False"),
+                          ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1.0}}, "rope type: only the default"),
+                          ({"hidden_size": "<a secret in the file>"}, "hidden_size: expected positive numbers"),
+                          ({"rms_norm_eps": "<a secret in the file>"}, "rms_norm_eps: expected positive numbers")):
         config.write_text(json.dumps({**good, **change}))
-        with pytest.raises(ValueError, match=f"{config}: .*{named}"):
+        with pytest.raises(ValueError, match=f"{config}: .*{named}") as refused:
             read_folder(tmp_path / "hf")
+        assert "secret" not in str(refused.value) and "Mistral" not in str(refused.value)  # data is never echoed
     config.write_text(json.dumps({**good, "hidden_size": 128, "head_dim": 16}))  # tensors of another width
     cfg, state = read_folder(tmp_path / "hf")
     with pytest.raises(ValueError, match=r"model.embed_tokens.weight \(97, 64\), expected \(97, 128\)"):

@@ -9,7 +9,7 @@ rotary positions restart at every document start.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,24 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from trainer.attention import DocumentMask, attend
-from trainer.model import KVCache, document_positions
+from trainer.model import KVCache, Shape, document_positions
 
 ARCHITECTURE = "LlamaForCausalLM"
 
 
+# LlamaConfig's shape fields and the config.json keys that hold them
+_HF_FIELDS = {"vocab_size": "vocab_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+              "n_kv_head": "num_key_value_heads", "n_embd": "hidden_size", "intermediate_size": "intermediate_size",
+              "block_size": "max_position_embeddings"}
+
+
 @dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    n_layer: int = 12
-    n_head: int = 12
+class LlamaConfig(Shape):
     n_kv_head: int = 12
-    n_embd: int = 768
     intermediate_size: int = 2048
-    block_size: int = 1024
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
@@ -44,9 +44,6 @@ class LlamaConfig:
                              f"and n_head of n_kv_head ({self.n_kv_head})")
         if (self.n_embd // self.n_head) % 2:
             raise ValueError(f"head size {self.n_embd // self.n_head} must be even for rotary positions")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def to_hf(self, bos_token_id: int | None = None, eos_token_id: int | None = None) -> dict[str, Any]:
         """``config.json`` as ``transformers`` writes it for ``LlamaForCausalLM``."""
@@ -63,30 +60,35 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any], where: str = "config.json") -> LlamaConfig:
         """The config of a Hugging Face Llama checkpoint; ``ValueError`` naming ``where`` and the field for
-        anything this model does not compute the same way (another architecture, biases, scaled rotary)."""
+        anything this model does not compute the same way (another architecture, biases, scaled rotary).
+        The file is data: a refusal names fields and what was expected, never a value the file holds."""
         archs = hf.get("architectures") or [hf.get("model_type")]
         if archs != [ARCHITECTURE] and hf.get("model_type") != "llama":
-            raise ValueError(f"{where}: architectures {archs}: expected ['{ARCHITECTURE}'] (model_type 'llama')")
+            raise ValueError(f"{where}: architectures: expected ['{ARCHITECTURE}'] (model_type 'llama'), "
+                             "this folder holds another model")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        problems = [f"{k} is {hf.get(k)!r}, expected {v!r}" for k, v in
+        problems = [f"{k}: expected {v!r}" for k, v in
                     (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)) if hf.get(k, v) != v]
         if rope.get("rope_type", rope.get("type", "default")) != "default":
-            problems.append(f"rope type {rope.get('rope_type', rope.get('type'))!r}: only the default rotary is supported")
-        head_dim = hf.get("head_dim")
-        if head_dim is not None and head_dim != hf["hidden_size"] // hf["num_attention_heads"]:
-            problems.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads")
-        if problems:
-            raise ValueError(f"{where}: " + "; ".join(problems))
+            problems.append("rope type: only the default rotary is supported (no scaling)")
+        defaults = {"num_key_value_heads": hf.get("num_attention_heads"), "max_position_embeddings": 2048}
         try:
-            return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
-                       n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                       n_embd=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-                       block_size=hf.get("max_position_embeddings", 2048),
-                       rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                       tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+            fields = {ours: (hf.get(theirs) or defaults[theirs]) if theirs in defaults else hf[theirs]
+                      for ours, theirs in _HF_FIELDS.items()}
         except KeyError as exc:
             raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
+        numbers = {"rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+                   "rms_norm_eps": hf.get("rms_norm_eps", 1e-6)}
+        wrong = [_HF_FIELDS[k] for k, v in fields.items() if type(v) is not int or v <= 0]
+        wrong += [k for k, v in numbers.items() if type(v) not in (int, float) or v <= 0]
+        if wrong:
+            problems.append(f"{', '.join(wrong)}: expected positive numbers")
+        elif (head_dim := hf.get("head_dim")) is not None and head_dim != fields["n_embd"] // fields["n_head"]:
+            problems.append("head_dim: differs from hidden_size / num_attention_heads")
+        if problems:
+            raise ValueError(f"{where}: " + "; ".join(problems))
+        return cls(**fields, rope_theta=float(numbers["rope_theta"]), rms_norm_eps=float(numbers["rms_norm_eps"]),
+                   tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
 
 class RMSNorm(nn.Module):

@@ -18,7 +18,9 @@ from trainer.attention import DocumentMask, attend
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class Shape:
+    """What every model Taxiway trains is sized by (``trainer/arch.py`` names the architecture)."""
+
     vocab_size: int
     n_layer: int = 12
     n_head: int = 12
@@ -28,6 +30,11 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class GPTConfig(Shape):
+    """The GPT needs nothing beyond the shape: LayerNorm, learned positions, a 4x GELU MLP, tied embeddings."""
 
 
 class KVCache:
