@@ -58,14 +58,21 @@ def test_a_run_starts_from_a_transformers_checkpoint_and_must_beat_it(home: Path
     (loaded,) = [e for e in events if e["event"] == "parent_loaded"]
     assert loaded["uri"] == str(start) and loaded["global_step"] == 0
 
+    from pipelines.config import limits
+    from pipelines.stages import prepare, pretrained
+
+    cfg = prepare.load_run_config(run_dir)  # the disk estimate holds the folder's (untied) model, not model.*
+    assert limits.checkpoint_bytes(pretrained.effective(cfg, run_dir)) > limits.checkpoint_bytes(cfg)
+
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["baseline"]["kind"] == "pretrained" and report["passed"], report["reason"]
     champion = client().get_model_version_by_alias("from-hf", "champion")
     assert champion.tags["taxiway.pretrained"].startswith(f"{start} (weights sha256 ")
-    assert champion.tags["taxiway.replaced_champion"] == "none (floor)"
+    assert champion.tags["taxiway.replaced_champion"] == "none (pretrained)"  # it beat the start, not the floor
 
 
-@pytest.mark.parametrize("broken", ["no tokenizer", "gpt2", "tokenizer past the embedding", "shapes", "eos"])
+@pytest.mark.parametrize("broken", ["no tokenizer", "gpt2", "tokenizer past the embedding", "shapes", "eos", "limits",
+                                    "index leaves the folder"])
 def test_a_folder_it_cannot_start_from_is_refused_at_prepare_naming_the_file(home: Path, corpus_tokenizer,
                                                                              broken: str):
     from pipelines import stages
@@ -77,12 +84,17 @@ def test_a_folder_it_cannot_start_from_is_refused_at_prepare_naming_the_file(hom
     overrides = [f"pretrained={folder}"]
     expected = {
         "no tokenizer": r"missing tokenizer\.json; a Hugging Face model folder holds",
-        "gpt2": r"pretrained config\.json: architectures \['GPT2LMHeadModel'\]: expected \['LlamaForCausalLM'\]",
+        "gpt2": r"pretrained config\.json: architectures: expected \['LlamaForCausalLM'\] \(model_type 'llama'\), this "
+                r"folder holds another model",
         "tokenizer past the embedding": rf"pretrained tokenizer\.json: {vocab:,} tokens, but config\.json vocab_size "
                                         rf"is {vocab - 10:,}: ids past the embedding have no row",
         "shapes": rf"pretrained model\.safetensors: model\.embed_tokens\.weight is \[{vocab}, 32\], expected "
                   rf"\({vocab}, 64\) from config\.json",
         "eos": r"tokenizer\.json: tokenizer has no token '</s>' \(tokenizer\.eos_token\)",
+        # the tiny config's own model (43,168 parameters) fits; the folder's untied one does not
+        "index leaves the folder": r"pretrained model\.safetensors\.index\.json: expected a weight_map of tensor "
+                                   r"names to \.safetensors files in the folder",
+        "limits": r"pretrained config\.json: the model .* has [\d,]+ parameters, over limits\.parameters \(45,000\)",
     }[broken]
     config = json.loads((folder / "config.json").read_text())
     if broken == "no tokenizer":
@@ -94,6 +106,12 @@ def test_a_folder_it_cannot_start_from_is_refused_at_prepare_naming_the_file(hom
         (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 64, "head_dim": 16}))
     elif broken == "eos":
         overrides.append("tokenizer.eos_token=</s>")
+    elif broken == "index leaves the folder":  # a shard named outside the folder is never copied
+        (folder / "model.safetensors").rename(home / "data" / "outside.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"model.embed_tokens.weight": "../outside.safetensors"}}))
+    elif broken == "limits":
+        overrides.append("limits.parameters=45000")
     run_dir = home / "runs" / "refused"
     with pytest.raises(BadInput, match=expected):
         stages.prepare.prepare(load_config(TINY, overrides), run_dir)

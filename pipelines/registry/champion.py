@@ -180,7 +180,7 @@ def _compare_and_set(reg: RegistryConfig, version: str, expected: str | None,
         c.set_registered_model_alias(name, alias, version)
         c.set_registered_model_tag(name, CHAMPION_TAG, version)
         c.set_model_version_tag(name, version, "taxiway.replaced_champion",
-                                f"models:/{name}/{found}" if found else "none (floor)")
+                                f"models:/{name}/{found}" if found else f"none ({report['baseline']['kind']})")
         c.set_model_version_tag(name, version, "taxiway.alias_reason", report["reason"][:5000])
         return True, found
 

@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipelines import storage
-from pipelines.config import RunConfig
+from pipelines.config import ModelConfig, RunConfig, limits
 from pipelines.errors import BadInput
 from pipelines.run_folder import RunFolder
 from trainer import fsio
@@ -62,7 +64,7 @@ def _wanted(source: storage.Location) -> list[str]:
     if SINGLE in present:
         weights = [SINGLE]
     elif INDEX in present:
-        shards = sorted(set(json.loads(storage.read_bytes(source.join(INDEX)))["weight_map"].values()))
+        shards = _shards(storage.read_bytes(source.join(INDEX)))
         missing += [f"{s} (named by {INDEX})" for s in shards if s not in present]
         weights = [INDEX, *shards]
     else:
@@ -72,6 +74,19 @@ def _wanted(source: storage.Location) -> list[str]:
         raise PretrainedError(f"pretrained {source.uri()}: missing {', '.join(missing)}; a Hugging Face model "
                               "folder holds config.json, the weights as safetensors and tokenizer.json")
     return [CONFIG, TOKENIZER, *weights]
+
+
+def _shards(index: bytes) -> list[str]:
+    """The weight files a sharded index names (its ``weight_map``'s values), each a plain file name."""
+    try:
+        names = sorted(set(json.loads(index)["weight_map"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        names = None
+    if not names or not all(isinstance(n, str) and n == os.path.basename(n) and n.endswith(".safetensors")
+                            for n in names):
+        raise PretrainedError(f"pretrained {INDEX}: expected a weight_map of tensor names to .safetensors files "
+                              "in the folder")
+    return names
 
 
 def _copy(src: storage.Location, dest: Path) -> None:
@@ -85,17 +100,46 @@ def _copy(src: storage.Location, dest: Path) -> None:
     src.fs.get(src.path, str(dest))
 
 
-def check(local: Path, cfg: RunConfig) -> None:
-    """Refuse, naming the file and what was expected, a folder the trainer could not start from."""
-    from pipelines.tokenize import bpe  # tokenizers: DAG parse must not load it (tests/test_dag.py)
+def effective(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """``cfg`` as the run trains it: with a pretrained start, the model section and vocabulary are the
+    folder's, so the limits and the disk estimate hold the model actually built, not ``model.*``."""
+    start = folder(cfg, run_dir)
+    return cfg if start is None else _as_trained(cfg, _model(start))
+
+
+def _model(local: Path) -> Any:
+    """The folder's ``config.json`` as ``trainer.llama.LlamaConfig``."""
     from trainer.llama import LlamaConfig  # torch (~1 s): DAG files import prepare, which calls this
 
     try:
-        model = LlamaConfig.from_hf(json.loads((local / CONFIG).read_text()), f"pretrained {CONFIG}")
+        return LlamaConfig.from_hf(json.loads((local / CONFIG).read_text()), f"pretrained {CONFIG}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PretrainedError(f"pretrained {CONFIG}: not JSON ({type(exc).__name__})") from None
     except ValueError as exc:
         raise PretrainedError(str(exc)) from None
+
+
+def _as_trained(cfg: RunConfig, model: Any) -> RunConfig:
+    try:
+        section = ModelConfig(arch="llama", n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
+                              block_size=model.block_size, dropout=cfg.model.dropout, n_kv_head=model.n_kv_head,
+                              intermediate_size=model.intermediate_size, rope_theta=model.rope_theta,
+                              rms_norm_eps=model.rms_norm_eps, tie_embeddings=model.tie_embeddings)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(map(str, e["loc"])) or "shape" for e in exc.errors())
+        raise PretrainedError(f"pretrained {CONFIG}: {fields} outside the bounds of model.*") from None
+    return cfg.model_copy(update={"model": section, "tokenizer": cfg.tokenizer.model_copy(
+        update={"vocab_size": model.vocab_size})})
+
+
+def check(local: Path, cfg: RunConfig) -> None:
+    """Refuse, naming the file and what was expected, a folder the trainer could not start from; and one
+    whose model is over the deployment's ``limits`` (parameters, checkpoint disk)."""
+    from pipelines.tokenize import bpe  # tokenizers: DAG parse must not load it (tests/test_dag.py)
+
+    model = _model(local)
+    if problems := limits.problems(_as_trained(cfg, model), model.vocab_size):
+        raise PretrainedError(f"pretrained {CONFIG}: " + "; ".join(problems))
     if cfg.pack.seq_len > model.block_size:
         raise PretrainedError(f"pack.seq_len ({cfg.pack.seq_len}) exceeds the pretrained model's context "
                               f"(max_position_embeddings {model.block_size} in {CONFIG})")
@@ -133,8 +177,7 @@ def _shapes(local: Path) -> dict[str, tuple[str, list[int]]]:
     """Tensor name → (file, shape), from the safetensors headers."""
     from safetensors import safe_open  # as torch above: only a run with a pretrained folder pays for it
 
-    files = [SINGLE] if (local / SINGLE).is_file() else \
-        sorted(set(json.loads((local / INDEX).read_text())["weight_map"].values()))
+    files = [SINGLE] if (local / SINGLE).is_file() else _shards((local / INDEX).read_bytes())
     out: dict[str, tuple[str, list[int]]] = {}
     for name in files:
         try:

@@ -34,7 +34,7 @@ from pipelines.launch.watch import STALLED, SUPERSEDED, TIMED_OUT, StatusWatch, 
 from pipelines.registry import lineage
 from pipelines.registry.metrics import last_record
 from pipelines.run_folder import RunFolder, State
-from pipelines.stages import parent
+from pipelines.stages import parent, pretrained
 from pipelines.stages.prepare import load_run_config, require
 from trainer import fsio
 
@@ -61,7 +61,7 @@ def spec(cfg: RunConfig, run_dir: Path, smoke: bool = False) -> Path:
     folder = RunFolder(run_dir)
     require(folder.packed_link, "tokenize")
     if not smoke:
-        disk.check_training_room(cfg, folder.checkpoints)
+        disk.check_training_room(pretrained.effective(cfg, run_dir), folder.checkpoints)  # the model it trains
     packed = Path(lineage.packed_info(run_dir)["path"])
     if smoke:
         shutil.rmtree(folder.smoke, ignore_errors=True)
