@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def _registered(home: Path) -> tuple[str, Path]:
 def _serve(uri: str, tokens: int, repeats: int, env: dict[str, str], log: Path) -> dict:
     import httpx
 
-    port = 5000 + os.getpid() % 1000
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     t0 = time.perf_counter()
     with open(log, "ab") as out:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", uri,
