@@ -19,8 +19,9 @@ from pipelines import disk, stages
 from pipelines.config import RunConfig, load_config
 from pipelines.errors import CheckFailed, kind_of
 from pipelines.run_folder import RunFolder
-from trainer import EXIT_DISK_FULL, DiskFull, arch, checkpoint, parallel
+from trainer import EXIT_DISK_FULL, DiskFull, arch, checkpoint, shards
 from trainer.loop import train
+from trainer.saver import Saver
 
 
 @pytest.fixture
@@ -55,9 +56,14 @@ def _commit_tiny(cfg: RunConfig, root: Path, step: int) -> Path:
     x = torch.randint(0, cfg.tokenizer.vocab_size, (2, 16))
     model(x, x)[1].backward()
     optim.step()
-    model_state, optim_state, _ = parallel.full_state(model, optim, "ddp")
     checkpoint.write_rank_state(root, step, 0)
-    return checkpoint.commit(root, step, model_state, optim_state, {"format": checkpoint.FORMAT}, keep_last_n=10)
+    saver = Saver(root, keep_last_n=10, async_save=False, pin=False)
+    try:
+        saver.save(step, shards.state_of(model, optim), {"format": checkpoint.FORMAT})
+        (done,) = saver.drain()
+    finally:
+        saver.close()
+    return done.path
 
 
 def _bytes(folder: Path) -> int:
@@ -105,9 +111,12 @@ def test_a_wsd_refresh_counts_the_stable_checkpoint_it_keeps(tmp_path: Path, sma
         disk.check_training_room(wsd, room)
 
 
-def test_a_checkpoint_that_fills_the_disk_leaves_nothing_torn(tmp_path: Path, small_disk):
+def test_a_checkpoint_that_fills_the_disk_leaves_nothing_torn(tmp_path: Path, small_disk, monkeypatch):
+    """The space goes between the room check and the write (another writer took it): the sharded
+    write fails ENOSPC inside DCP, and the folder being written is removed."""
     cfg = load_config(TINY)
-    room = small_disk(tmp_path / "checkpoints", disk.checkpoint_bytes(cfg) // 2)  # model.pt fits, optim.pt not
+    room = small_disk(tmp_path / "checkpoints", disk.checkpoint_bytes(cfg) // 2)  # the model fits, the optimizer state not
+    monkeypatch.setattr(checkpoint, "ensure_room", lambda *args: None)
 
     with pytest.raises(DiskFull, match="the disk filled while checkpoint step-00000001.inprogress was written"):
         _commit_tiny(cfg, room, 1)

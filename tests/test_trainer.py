@@ -9,8 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from trainer_corpus import write_corpus
+from trainer_corpus import same, saved, write_corpus
 
 from conftest import TINY
 from pipelines.config import load_config
@@ -39,7 +38,7 @@ def _spec(cfg, packed_path: Path, run_dir: Path) -> TrainSpec:
 
 
 def _state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "step-00000012" / "model.pt", weights_only=True)
+    return saved(run_dir / "checkpoints" / "step-00000012")
 
 
 def test_resume_is_bitwise_identical(packed, tmp_path: Path):
@@ -52,7 +51,7 @@ def test_resume_is_bitwise_identical(packed, tmp_path: Path):
         shutil.rmtree(tmp_path / "b" / "checkpoints" / late)
     assert train(_spec(cfg, path, tmp_path / "b")) == 0
     resumed = _state(tmp_path / "b")
-    assert all(torch.equal(ref[k], resumed[k]) for k in ref)
+    assert same(ref, resumed), "model and optimizer state after the resume differ"
     status = json.loads((tmp_path / "b" / "status.json").read_text())
     assert status["state"] == "succeeded" and status["restarts"] == 1
     metrics = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
@@ -63,7 +62,7 @@ def test_corrupt_and_torn_checkpoints_are_skipped(packed, tmp_path: Path, caplog
     cfg, path = packed
     assert train(_spec(cfg, path, tmp_path / "r")) == 0
     ckpts = tmp_path / "r" / "checkpoints"
-    (ckpts / "step-00000012" / "model.pt").write_bytes(b"garbage")          # corrupt
+    (ckpts / "step-00000012" / "__0_0.distcp").write_bytes(b"garbage")          # corrupt
     (ckpts / "step-00000016.inprogress").mkdir()                               # torn, never renamed
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         assert checkpoint.latest_valid(ckpts).name == "step-00000008"

@@ -14,10 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_corpus import events, make_corpus, one_rank_spec, read_jsonl, status, wait_for, with_overrides
+from trainer_corpus import (
+    events,
+    make_corpus,
+    one_rank_spec,
+    read_jsonl,
+    same,
+    saved,
+    status,
+    wait_for,
+    with_overrides,
+)
 
 from pipelines.launch.spec import write_trainer_spec
-from trainer import EXIT_CANCELED, checkpoint
+from trainer import EXIT_CANCELED, checkpoint, shards
 from trainer.loop import train
 from trainer.model import GPT, GPTConfig
 from trainer.saver import Saver
@@ -36,30 +46,25 @@ def test_snapshot_is_taken_off_the_live_tensors(tmp_path: Path):
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
     optim.step()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     release = threading.Event()
-    saver = Saver(tmp_path, keep_last_n=2, async_save=True, pin=False, after_model=lambda step: release.wait(30))
-    live_model, live_optim = get_model_state_dict(model), get_optimizer_state_dict(model, optim)
-    saver.reserve((live_model, live_optim))
-    expected_model = {k: v.clone() for k, v in live_model.items()}
-    expected_optim = {p: {k: v.clone() for k, v in s.items()} for p, s in live_optim["state"].items()}
-    saver.save(1, live_model, live_optim, {"global_step": 1}, fresh=False)
-    with torch.no_grad():  # the next training steps, while model.pt is being written
+    saver = Saver(tmp_path, keep_last_n=2, async_save=True, pin=False, after_state=lambda step: release.wait(30))
+    saver.reserve(shards.state_of(model, optim))
+    live = shards.state_of(model, optim)
+    expected = {f"model/{k}": v.clone() for k, v in live["model"].items()}
+    expected |= {f"optim/{p}/{k}": v.clone() for p, s in live["optim"]["state"].items() for k, v in s.items()}
+    saver.save(1, live, {"format": checkpoint.FORMAT, "global_step": 1})
+    with torch.no_grad():  # the next training steps, while the checkpoint is being written
         for p in model.parameters():
             p.add_(1.0)
         for s in optim.state.values():
             s["exp_avg"].add_(1.0)
-    assert saver.drain() == []  # still writing: held after model.pt
+    assert saver.drain() == []  # still writing: held once the shards are written
     release.set()
     saver.wait()
     (done,) = saver.drain()
     assert done.step == 1 and checkpoint.is_valid(done.path) == (True, "ok")
-    saved = torch.load(done.path / "model.pt", weights_only=True)
-    assert all(torch.equal(saved[k], expected_model[k]) for k in expected_model)
-    assert saved["wte.weight"].data_ptr() == saved["lm_head.weight"].data_ptr(), "tied weights stay tied"
-    optim_saved = torch.load(done.path / "optim.pt", weights_only=True)["state"]
-    assert all(torch.equal(optim_saved[p][k], expected_optim[p][k]) for p in expected_optim for k in expected_optim[p])
+    assert same(saved(done.path), expected)
     saver.close()
 
 
@@ -70,13 +75,12 @@ def test_synchronous_mode_writes_the_same_checkpoints(corpus, tmp_path: Path):
         run = tmp_path / f"async-{mode}"
         assert train(one_rank_spec(with_overrides(cfg, checkpoint={"async_save": mode}), packed, run)) == 0
         runs[mode] = run
-        saved = events(run, "checkpoint_saved")
-        assert [e["step"] for e in saved] == [4, 8, 12, 16]
-        assert [e["async_save"] for e in saved] == ([True] * 3 + [False] if mode else [False] * 4)
+        saves = events(run, "checkpoint_saved")
+        assert [e["step"] for e in saves] == [4, 8, 12, 16]
+        assert [e["async_save"] for e in saves] == ([True] * 3 + [False] if mode else [False] * 4)
         assert [e["step"] for e in events(run, "checkpoint_committed")] == [4, 8, 12, 16]
     for step in (4, 16):
-        a, b = (torch.load(runs[m] / "checkpoints" / f"step-{step:08d}" / "model.pt", weights_only=True) for m in runs)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert same(*(saved(runs[m] / "checkpoints" / f"step-{step:08d}") for m in runs))
 
 
 def test_training_goes_on_during_a_write_and_sigterm_is_bounded_by_the_grace(corpus, tmp_path: Path):
@@ -93,7 +97,7 @@ def test_training_goes_on_during_a_write_and_sigterm_is_bounded_by_the_grace(cor
         current = wait_for(lambda: (s := status(run))["step"] == 8 and s, 30, "training to reach step 8")
         assert current["state"] == "checkpointing"
         torn = run / "checkpoints" / "step-00000004.inprogress"
-        assert (torn / "model.pt").exists() and not (torn / "checksums.json").exists()
+        assert (torn / ".metadata").exists() and not (torn / "checksums.json").exists()
         assert checkpoint.latest_valid(run / "checkpoints") is None
 
         proc.send_signal(signal.SIGTERM)

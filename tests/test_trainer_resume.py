@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_corpus import events, finish_gang, kill9, make_corpus, status, submit_gang, wait_for
+from trainer_corpus import events, finish_gang, kill9, make_corpus, saved, status, submit_gang, wait_for
 
 from pipelines.launch import local
 from trainer import checkpoint
@@ -32,16 +32,6 @@ def _kill_when_held(handle: local.Handle, marker: Path, committed: str | None = 
     local.cleanup(handle, grace_s=5)
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every parameter and every optimizer tensor of a checkpoint, by name."""
-    model = torch.load(path / "model.pt", weights_only=True)
-    optim = torch.load(path / "optim.pt", weights_only=True)
-    out = {f"model/{k}": v for k, v in model.items()}
-    for name, state in optim["state"].items():
-        out.update({f"optim/{name}/{k}": v for k, v in state.items()})
-    return out
-
-
 def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: Path):
     cfg, packed = corpus  # 16 steps, a checkpoint every 4, deterministic, 2 nodes x 1 process
     ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
@@ -52,10 +42,11 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: 
                     committed="step-00000004")
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
-    # 2: in the middle of writing step 8 (model.pt written, optim.pt and checksums.json not yet)
+    # 2: in the middle of writing step 8 (every rank's shards written, meta.json and checksums.json not yet)
     _kill_when_held(submit_gang(cfg, packed, run, TAXIWAY_TEST_HOLD="write:8"), run / "train" / "held-write-8")
     torn = run / "checkpoints" / "step-00000008.inprogress"
-    assert (torn / "model.pt").exists() and not (torn / "checksums.json").exists()
+    assert (torn / ".metadata").exists() and {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in torn.iterdir()}
+    assert not (torn / "checksums.json").exists()
     assert checkpoint.latest_valid(run / "checkpoints").name == "step-00000004"
 
     # 3: after two more checkpoints of the third attempt (which threw the torn folder away)
@@ -75,7 +66,7 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(corpus, tmp_path: 
     final = status(run)
     assert final["state"] == "succeeded" and final["step"] == 16 and final["restarts"] == 3
 
-    a, b = _tensors(ref / "checkpoints" / "step-00000016"), _tensors(run / "checkpoints" / "step-00000016")
+    a, b = saved(ref / "checkpoints" / "step-00000016"), saved(run / "checkpoints" / "step-00000016")
     assert a.keys() == b.keys() and len(a) > 20
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert different == [], different

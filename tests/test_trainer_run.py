@@ -10,9 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_corpus import events, make_corpus, one_rank_spec, read_jsonl, status, with_overrides
+from trainer_corpus import (
+    events,
+    make_corpus,
+    one_rank_spec,
+    read_jsonl,
+    same,
+    saved,
+    saved_model,
+    status,
+    with_overrides,
+)
 
 from pipelines.launch.spec import write_trainer_spec
+from trainer import checkpoint
 from trainer.fsio import sha256_file
 from trainer.loop import train
 from trainer.schedule import Schedule
@@ -79,12 +90,11 @@ def test_parent_continues_global_step_tokens_and_lr(corpus, tmp_path: Path):
     assert status(child_run)["step"] == status(child_run)["total_steps"] == 22
 
     # a restart of the child resumes its own checkpoint (global step 20), not the parent
-    final = torch.load(child_run / "checkpoints" / "step-00000022" / "model.pt", weights_only=True)
+    final = saved(child_run / "checkpoints" / "step-00000022")
     shutil.rmtree(child_run / "checkpoints" / "step-00000022")
     assert train(dataclasses.replace(spec, world_size=1)) == 0
     assert [e["global_step"] for e in events(child_run, "resumed")] == [20]
-    again = torch.load(child_run / "checkpoints" / "step-00000022" / "model.pt", weights_only=True)
-    assert all(torch.equal(final[k], again[k]) for k in final)
+    assert same(final, saved(child_run / "checkpoints" / "step-00000022"))
 
 
 def test_a_parent_kept_as_a_full_checkpoint_hands_on_its_optimizer_state(corpus, tmp_path: Path):
@@ -153,8 +163,32 @@ def test_metrics_mfu_and_bf16_autocast(corpus, tmp_path: Path):
     # autocast ran: bf16 matmuls give a (slightly) different loss, still finite and close
     first = runs["fp32"][0]["loss"], runs["bf16"][0]["loss"]
     assert first[0] != first[1] and abs(first[0] - first[1]) < 0.05
-    saved = torch.load(tmp_path / "bf16" / "checkpoints" / "step-00000004" / "model.pt", weights_only=True)
-    assert all(v.dtype == torch.float32 for v in saved.values()), "autocast keeps fp32 master weights"
+    kept = saved_model(tmp_path / "bf16", 4)
+    assert all(v.dtype == torch.float32 for v in kept.values()), "autocast keeps fp32 master weights"
+
+
+def test_a_full_state_checkpoint_of_the_previous_format_resumes(corpus, tmp_path: Path):
+    """Format 2 (the full state in model.pt and optim.pt, written by rank 0 before checkpoints were
+    sharded) resumes: the run ends bitwise where one that never stopped does."""
+    cfg, packed = corpus
+    cfg = with_overrides(cfg, train={"steps": 8})
+    ref, old = tmp_path / "ref", tmp_path / "old"
+    assert train(one_rank_spec(cfg, packed, ref)) == 0
+    source, folder = ref / "checkpoints" / "step-00000004", old / "checkpoints" / "step-00000004"
+    folder.mkdir(parents=True)
+    whole = checkpoint.read_whole(source)
+    model = whole["model"] | {"lm_head.weight": whole["model"]["model.embed_tokens.weight"]}  # format 2 kept the tie
+    torch.save(model, folder / "model.pt")
+    torch.save(whole["optim"], folder / "optim.pt")
+    shutil.copy(source / "rng-rank0.pt", folder / "rng-rank0.pt")
+    meta = json.loads((source / "meta.json").read_text()) | {"format": 2}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    sums = {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
+    (folder / "checksums.json").write_text(json.dumps(sums))
+
+    assert train(one_rank_spec(cfg, packed, old)) == 0
+    assert [(e["global_step"], e["format"]) for e in events(old, "resumed")] == [(4, 2)]
+    assert same(saved(old / "checkpoints" / "step-00000008"), saved(ref / "checkpoints" / "step-00000008"))
 
 
 def test_checkpoint_of_an_older_format_is_refused_by_name(corpus, tmp_path: Path):

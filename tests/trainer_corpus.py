@@ -11,12 +11,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from conftest import TINY
 from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.launch import local
 from pipelines.launch.spec import launch_spec, write_trainer_spec
+from trainer import checkpoint
 from trainer.spec import TrainSpec
 
 
@@ -117,3 +119,22 @@ def kill9(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def saved(folder: Path) -> dict:
+    """Every model and optimizer tensor of a checkpoint (either format), by name: ``model/<name>``,
+    ``optim/<param>/<state>``."""
+    state = checkpoint.read_whole(folder)
+    out = {f"model/{k}": v for k, v in state["model"].items()}
+    for name, per_param in state["optim"]["state"].items():
+        out.update({f"optim/{name}/{k}": v for k, v in per_param.items()})
+    return out
+
+
+def saved_model(run_dir: Path, step: int) -> dict:
+    """The model state of ``run_dir``'s checkpoint of ``step``, whole."""
+    return checkpoint.read_whole(run_dir / "checkpoints" / f"step-{step:08d}")["model"]
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

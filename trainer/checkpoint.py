@@ -1,19 +1,22 @@
 """Checkpoints that are either complete and verified or ignored.
 
-Layout: ``step-NNNNNNNN/`` with ``model.pt`` (full model state), ``optim.pt`` (full optimizer
-state keyed by parameter name), ``rng-rank<R>.pt`` (every rank), ``meta.json`` (global step,
-tokens seen, sampler position, LR schedule, grad-scaler state, config sha256, parent) and
-``checksums.json``, written last, into ``step-NNNNNNNN.inprogress/`` and then renamed (after
-OLMo-core). Valid = renamed and every checksum matches. Resume takes the newest valid one.
-A checkpoint the disk cannot hold is refused before it is written (``ensure_room``), and a disk
-that fills during a write removes the folder being written: either way the run fails ``DiskFull``
-with no torn folder left. docs/trainer.md has the full contract.
+Layout (format 3): ``step-NNNNNNNN/`` holds the sharded state that ``torch.distributed.checkpoint``
+writes, every rank its own part (``__<rank>_<n>.distcp``, and ``.metadata``, the index rank 0 writes
+once every part is on disk: the model state and the optimizer state keyed by parameter name, as
+``get_state_dict`` gives them), ``rng-rank<R>.pt`` (every rank), ``meta.json`` (global step, tokens
+seen, sampler position, LR schedule, config sha256, parent, world size) and ``checksums.json``,
+written last, into ``step-NNNNNNNN.inprogress/`` and then renamed (after OLMo-core). Every rank
+hashes the files it wrote (``sums-rank<R>.json``); rank 0 folds them into ``checksums.json``. Valid
+= renamed and every checksum matches. Resume takes the newest valid one, on any world size and
+either parallelism (the library reshards on load). Format 2 (``model.pt`` + ``optim.pt``, the full
+state written by rank 0) is still read. A checkpoint the disk cannot hold is refused before it is
+written (``ensure_room``), and a disk that fills during a write removes the folder being written:
+either way the run fails ``DiskFull`` with no torn folder left. docs/trainer.md has the full contract.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -21,7 +24,6 @@ import pickle
 import random
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +35,13 @@ from trainer.fsio import sha256_file, write_json
 
 log = logging.getLogger("trainer.checkpoint")
 _NAME = re.compile(r"^step-(\d{8})$")
-FORMAT = 2  # meta.json "format"; 1 = before optimizer state keyed by name and the schedule anchor
+FORMAT = 3  # meta.json "format"; 3 = sharded (torch.distributed.checkpoint)
+FULL_FORMAT = 2  # the full state in model.pt + optim.pt, written by rank 0 (still read); 1 is refused
+SHARD_INDEX = ".metadata"  # what torch.distributed.checkpoint names its index
 INPROGRESS = ".inprogress"
-# room a checkpoint needs beyond its tensors' bytes: torch.save's zip record and pickle per tensor
-# (~400 bytes measured), 1% for the filesystem's own blocks, and meta.json, checksums.json and
-# every file's partly used last block
+# room a checkpoint needs beyond its tensors' bytes: the per-tensor record of the shard files and
+# their index (~400 bytes measured), 1% for the filesystem's own blocks, and meta.json,
+# checksums.json and every file's partly used last block
 PER_TENSOR_BYTES, SLACK_BYTES = 512, 64 << 10
 
 
@@ -74,7 +78,7 @@ def write_rank_state(root: Path, step: int, rank: int) -> None:
     """Every rank saves its own RNG state into the in-progress folder (small; synchronous)."""
     tmp = inprogress_dir(root, step)
     tmp.mkdir(parents=True, exist_ok=True)
-    _save_hashed(rng_state(), tmp / f"rng-rank{rank}.pt", lambda n: None)
+    _save_durably(rng_state(), tmp / f"rng-rank{rank}.pt")
 
 
 def clear_torn(root: Path) -> list[Path]:
@@ -83,6 +87,11 @@ def clear_torn(root: Path) -> list[Path]:
     for path in torn:
         shutil.rmtree(path, ignore_errors=True)
     return torn
+
+
+def clear_step(root: Path, step: int) -> None:
+    """Remove the in-progress folder of a checkpoint that will not be written."""
+    shutil.rmtree(inprogress_dir(root, step), ignore_errors=True)
 
 
 def _size(n: int) -> str:
@@ -97,48 +106,46 @@ def free_bytes(folder: Path) -> int:
 
 def ensure_room(root: Path, step: int, tensor_bytes: int, tensors: int) -> None:
     """Refuse checkpoint ``step`` before any of it is written when the disk cannot hold it: found
-    mid-write, a full disk costs a torn folder and a crash. The RNG files the ranks already wrote
-    into its in-progress folder are removed with it."""
+    mid-write, a full disk costs a torn folder and a crash. The caller removes the RNG files the ranks
+    already wrote into its in-progress folder (``clear_step``) once every rank has written its own."""
     need = tensor_bytes + tensors * PER_TENSOR_BYTES + tensor_bytes // 100 + SLACK_BYTES
     free = free_bytes(root)
     if free < need:
-        shutil.rmtree(inprogress_dir(root, step), ignore_errors=True)
         raise DiskFull(f"not enough free disk for checkpoint {step_dir(root, step).name} in {root}: it needs "
                        f"{_size(need)}, {_size(free)} are free; the newest valid checkpoint stands: free space "
                        "there (or lower checkpoint.keep_last_n) and resume")
 
 
-def _disk_full(exc: BaseException | None) -> bool:
-    """ENOSPC anywhere in the chain: torch.save reports a failed write as its own RuntimeError."""
+def disk_full(exc: BaseException | None) -> bool:
+    """ENOSPC anywhere in the chain, or on any rank of a sharded write (which reports every rank's
+    failure in one ``CheckpointException``)."""
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if any(disk_full(failure) for failure, *_ in getattr(exc, "failures", {}).values()):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
 
 
-class _HashingWriter:
-    """File wrapper that hashes and counts what ``torch.save`` writes: one pass, no re-read."""
-
-    def __init__(self, fh: Any, progress: Callable[[int], None]) -> None:
-        self.fh, self.progress, self.digest = fh, progress, hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        self.digest.update(data)
-        self.progress(len(memoryview(data)))
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
+def filled(root: Path, step: int) -> DiskFull:
+    """The error of a checkpoint the disk filled during (its folder is removed first)."""
+    tmp = inprogress_dir(root, step)
+    clear_step(root, step)
+    return DiskFull(f"the disk filled while checkpoint {tmp.name} was written in {root} "
+                    f"({_size(free_bytes(root))} free once it was removed); the newest valid checkpoint stands: "
+                    "free space there (or lower checkpoint.keep_last_n) and resume")
 
 
-def _save_hashed(obj: Any, path: Path, progress: Callable[[int], None]) -> str:
+def _save_durably(obj: Any, path: Path) -> None:
     with open(path, "wb") as fh:
-        writer = _HashingWriter(fh, progress)
-        torch.save(obj, writer)
+        torch.save(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    return writer.digest.hexdigest()
+
+
+def rank_sums_name(rank: int) -> str:
+    return f"sums-rank{rank}.json"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -149,31 +156,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def commit(root: Path, step: int, model_state: dict, optim_state: dict, meta: dict, keep_last_n: int,
-           progress: Callable[[int], None] = lambda n: None,
-           after_model: Callable[[], None] = lambda: None, pinned: frozenset[int] = frozenset()) -> Path:
-    """Rank 0, after every rank wrote its RNG file: shared state, checksums last, atomic rename.
+def commit(root: Path, step: int, meta: dict, world: int, keep_last_n: int,
+           pinned: frozenset[int] = frozenset()) -> Path:
+    """Rank 0, once every rank's shards and RNG file are in the in-progress folder: meta.json,
+    checksums last (every rank's own sums folded in), atomic rename, pruning.
 
-    Runs in the background writer thread; ``progress`` is told every chunk written.
-    """
+    Runs in the background writer thread."""
     tmp = inprogress_dir(root, step)
-    tmp.mkdir(parents=True, exist_ok=True)
     try:
-        sums = {"model.pt": _save_hashed(model_state, tmp / "model.pt", progress)}
-        after_model()
-        sums["optim.pt"] = _save_hashed(optim_state, tmp / "optim.pt", progress)
+        sums: dict[str, str] = {}
+        for rank in range(world):
+            part = tmp / rank_sums_name(rank)
+            sums.update(json.loads(part.read_text()))
+            part.unlink()
         write_json(tmp / "meta.json", meta)
         for p in sorted(tmp.iterdir()):
-            if p.is_file() and p.name not in sums and not p.name.startswith("."):
+            if p.is_file() and p.name not in sums and (p.name == SHARD_INDEX or not p.name.startswith(".")):
                 sums[p.name] = sha256_file(p)
         write_json(tmp / "checksums.json", dict(sorted(sums.items())))
     except Exception as exc:
-        if not _disk_full(exc):
+        if not disk_full(exc):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DiskFull(f"the disk filled while checkpoint {tmp.name} was written in {root} "
-                       f"({_size(free_bytes(root))} free once it was removed); the newest valid checkpoint stands: "
-                       "free space there (or lower checkpoint.keep_last_n) and resume") from exc
+        raise filled(root, step) from exc
     final = step_dir(root, step)
     if final.exists():  # a resumed run re-saving a step whose old copy was found invalid
         shutil.rmtree(final)
@@ -202,7 +206,8 @@ def is_valid(path: Path) -> tuple[bool, str]:
         sums = json.loads(sums_file.read_text())
     except json.JSONDecodeError:
         return False, "checksums.json is not valid JSON"
-    for name in ("model.pt", "optim.pt", "meta.json"):
+    needed = ("meta.json", SHARD_INDEX) if SHARD_INDEX in sums else ("meta.json", "model.pt", "optim.pt")
+    for name in needed:
         if name not in sums:
             return False, f"checksums.json does not list {name}"
     for name, expected in sums.items():
@@ -230,19 +235,47 @@ def at_step(root: Path, step: int) -> Path | None:
     return path if path.is_dir() and is_valid(path)[0] else None
 
 
-def load(path: Path, rank: int) -> dict[str, Any]:
+def read_meta(path: Path) -> dict[str, Any]:
+    """``meta.json`` of a checkpoint this trainer reads (format 3, or the full format 2)."""
     meta = json.loads((path / "meta.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise TrainerError(f"{path}/meta.json: checkpoint format {meta.get('format', 1)}, this trainer reads format "
-                           f"{FORMAT} (optimizer state keyed by parameter name, LR schedule anchor); resume it with "
-                           "the trainer version that wrote it, or move the folder away to start over")
+    if meta.get("format") not in (FORMAT, FULL_FORMAT):
+        raise TrainerError(f"{path}/meta.json: checkpoint format {meta.get('format', 1)}, this trainer reads formats "
+                           f"{FULL_FORMAT} and {FORMAT} (optimizer state keyed by parameter name, LR schedule anchor); "
+                           "resume it with the trainer version that wrote it, or move the folder away to start over")
+    return meta
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / SHARD_INDEX).is_file()
+
+
+def read_full_format(path: Path) -> dict[str, Any]:
+    """Format 2's full model and optimizer state, every tensor on the CPU."""
+    return {"model": torch.load(path / "model.pt", map_location="cpu", weights_only=True),
+            "optim": torch.load(path / "optim.pt", map_location="cpu", weights_only=True)}
+
+
+def read_whole(path: Path) -> dict[str, Any]:
+    """Either format's state as one dict of whole tensors (``{"model": ..., "optim": ...}``), with no
+    model to load it into and no process group: for tools and tests, which compare checkpoints.
+    A training rank never calls this: it loads only its own part (``trainer.parallel.load_checkpoint``)."""
+    if not is_sharded(path):
+        return read_full_format(path)
+    # ~0.6 s, and only tools read whole checkpoints; as DCP's own format_utils.dcp_to_torch_save does
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    return state
+
+
+def read_rng(path: Path, rank: int) -> dict[str, Any] | None:
+    """This rank's generators as saved, or None (a rank the writing world did not have)."""
     rng_file = path / f"rng-rank{rank}.pt"
-    return {
-        "meta": meta,
-        "model": torch.load(path / "model.pt", map_location="cpu", weights_only=True),
-        "optim": torch.load(path / "optim.pt", map_location="cpu", weights_only=True),
-        "rng": _rng(rng_file) if rng_file.exists() else None,
-    }
+    return _rng(rng_file) if rng_file.exists() else None
 
 
 def _rng(path: Path) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@ step 3, one slow rank); timing a kill from outside cannot hit them reliably. Eac
 environment variable, and the loop reaches them only as ``trainer/hooks.py`` hooks:
 
 - ``TAXIWAY_TEST_HOLD=step:6`` — rank 0 stops after finishing step 6; ``write:8`` — rank 0's
-  checkpoint writer stops after ``model.pt`` of step 8 (before ``optim.pt`` and ``checksums.json``).
+  checkpoint writer stops once every rank's shards of step 8 are written (before ``meta.json`` and
+  ``checksums.json``).
   Either writes ``<run>/train/held-<kind>-<step>`` and then sleeps until it is killed.
 - ``TAXIWAY_TEST_NAN_STEPS=3,4`` — the loss of those steps (1-based) becomes NaN on every rank
   before the backward pass, so the gradients do too.
@@ -77,7 +78,7 @@ class Faults(LoopHook):
         if rank == 0:
             self._hold("step", step)
 
-    def after_model_written(self, step: int) -> None:
+    def after_state_written(self, step: int) -> None:
         self._hold("write", step)
 
     def loss_for_backward(self, step: int, loss: torch.Tensor) -> torch.Tensor:

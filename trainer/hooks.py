@@ -30,8 +30,9 @@ class LoopHook:
     def after_step(self, rank: int, step: int) -> None:
         """After the update of ``step``."""
 
-    def after_model_written(self, step: int) -> None:
-        """Rank 0's checkpoint writer wrote ``model.pt`` of ``step`` (before the optimizer and checksums)."""
+    def after_state_written(self, step: int) -> None:
+        """Every rank's part of checkpoint ``step`` is on disk; rank 0's writer has yet to write the
+        metadata and checksums and rename the folder."""
 
     def torch_version(self, rank: int, real: str) -> str:
         """The torch version this rank reports in the startup check."""
@@ -62,9 +63,9 @@ class Hooks(LoopHook):
         for hook in self.hooks:
             hook.after_step(rank, step)
 
-    def after_model_written(self, step: int) -> None:
+    def after_state_written(self, step: int) -> None:
         for hook in self.hooks:
-            hook.after_model_written(step)
+            hook.after_state_written(step)
 
     def torch_version(self, rank: int, real: str) -> str:
         for hook in self.hooks:

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
-from trainer import EXIT_CANCELED, EXIT_DATA_STALL, TrainerError, arch, checkpoint, parallel, startup, weights
+from trainer import EXIT_CANCELED, EXIT_DATA_STALL, TrainerError, arch, checkpoint, parallel, shards, startup, weights
 from trainer.data import PackedSplit, ShardedSampler
 from trainer.events import Events
 from trainer.faults import Faults
@@ -127,8 +128,9 @@ class _Run:
         self.step = self.tokens_seen = 0
         self.parent_uri = spec.parent.uri if spec.parent else None
         self.saver = Saver(spec.checkpoints, spec.checkpoint.keep_last_n, spec.checkpoint.async_save,
-                           pin=ctx.device.type == "cuda",
-                           after_model=hooks.after_model_written, heartbeat_every_s=spec.status_every_s)
+                           pin=ctx.device.type == "cuda", rank=ctx.rank, world=ctx.world,
+                           replicas=ctx.world if self.kind == "ddp" else 1,
+                           after_state=hooks.after_state_written, heartbeat_every_s=spec.status_every_s)
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -152,63 +154,67 @@ class _Run:
         self.model = arch.build(spec.model)
         self.data = PackedSplit(spec.data, "train")
         self.sampler = ShardedSampler(len(self.data), t.batch_size, ctx.rank, ctx.world, t.seed)
-        origin, start_lr, state, parent_optim = 0, None, None, None
+        origin, start_lr, source, rng = 0, None, None, None
         self.skipped_before = 0
         resume = self._resume_point()
         if resume is not None:
-            state = checkpoint.load(Path(resume), ctx.rank)
-            meta = state["meta"]
-            self.model.load_state_dict(state["model"])
+            source = Path(resume)
+            meta = checkpoint.read_meta(source)
+            rng = checkpoint.read_rng(source, ctx.rank)
             self.sampler.load_state_dict(meta["sampler"])
             self.step, self.tokens_seen = meta["global_step"], meta["tokens_seen"]
             origin, start_lr = meta["lr_schedule"]["origin_step"], meta["lr_schedule"]["start_lr"]
             self.parent_uri = meta.get("parent", self.parent_uri)
             self.skipped_before = meta.get("skipped_steps", 0)
             self.events.emit("resumed", path=resume, global_step=self.step, tokens_seen=self.tokens_seen,
-                             rng_restored=state["rng"] is not None)
+                             rng_restored=rng is not None, written_by_world=meta.get("world_size"),
+                             format=meta["format"])
             if meta["config_sha256"] != spec.config_sha256:
                 self.events.emit("config_changed", logging.WARNING, checkpoint_sha256=meta["config_sha256"],
                                  config_sha256=spec.config_sha256)
             self.status.update(last_checkpoint=resume)
         elif spec.parent:
-            origin, start_lr, parent_optim = self._load_parent()
+            origin, start_lr, source = self._load_parent()
         self.model.to(ctx.device)
         precision = t.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda")
         self.wrapped = parallel.wrap(self.model, self.kind, ctx, self.bf16)
         self.optim = _optimizer(self.model, t)
-        if parent_optim is not None:
-            parallel.load_optimizer(self.model, self.optim, parent_optim, self.kind)
-        if state is not None:
-            parallel.load_optimizer(self.model, self.optim, state["optim"], self.kind)
-            if state["rng"] is not None:
-                checkpoint.set_rng_state(state["rng"])
+        if source is not None:
+            self._load_state(source, parent=resume is None)
+        if rng is not None:
+            checkpoint.set_rng_state(rng)
         self.schedule = Schedule.from_config(t, origin, start_lr, spec.schedule)
         stable = self.schedule.stable_step
         # wsd: the pre-decay state is what the next refresh continues; pruning never takes it
         self.saver.pinned = frozenset({stable}) if stable is not None and stable > origin else frozenset()
 
-    def _load_parent(self) -> tuple[int, float | None, dict | None]:
-        """Weights from the parent (and its optimizer state when its full checkpoint was kept);
-        global step, tokens seen and the LR continue from the state loaded: the full checkpoint's
-        metadata (with a wsd schedule, the parent's stable state), else the exported weights'."""
+    def _load_state(self, path: Path, parent: bool) -> None:
+        """Model and optimizer state from a checkpoint (this rank's part of it), into the wrapped model."""
+        try:
+            shards.load(self.model, self.optim, path, self.kind)
+        except (RuntimeError, ValueError, KeyError, CheckpointException) as exc:  # DCP's names every rank's failure
+            what = f"parent {self.parent_uri} ({path})" if parent else f"checkpoint {path}"
+            raise TrainerError(f"{what} does not fit the configured model: {exc}") from None
+
+    def _load_parent(self) -> tuple[int, float | None, Path | None]:
+        """Weights from the parent (and, when its full checkpoint was kept, model and optimizer state
+        from that, loaded once the model is wrapped); global step, tokens seen and the LR continue from
+        the state loaded: the full checkpoint's metadata (with a wsd schedule, the parent's stable
+        state), else the exported weights'."""
         parent, info = weights.load(self.spec.parent.weights)
         full = self.spec.parent.checkpoint
-        optim = None
-        try:
-            if full is not None:
-                state = checkpoint.load(full, self.ctx.rank)
-                self.model.load_state_dict(state["model"])
-                optim = state["optim"]
-                meta = state["meta"]
-                gs = int(meta["global_step"])
-                info = {"global_step": gs, "tokens_seen": meta["tokens_seen"],
-                        "final_lr": Schedule.from_dict(meta["lr_schedule"]).lr(gs - 1)}
-            else:
+        if full is not None:
+            meta = checkpoint.read_meta(Path(full))
+            gs = int(meta["global_step"])
+            info = {"global_step": gs, "tokens_seen": meta["tokens_seen"],
+                    "final_lr": Schedule.from_dict(meta["lr_schedule"]).lr(gs - 1)}
+        else:
+            try:
                 self.model.load_state_dict(parent.state_dict())
-        except RuntimeError as exc:
-            raise TrainerError(f"parent {self.parent_uri} ({full or self.spec.parent.weights}) does not fit the "
-                               f"configured model: {exc}") from None
+            except RuntimeError as exc:
+                raise TrainerError(f"parent {self.parent_uri} ({self.spec.parent.weights}) does not fit the "
+                                   f"configured model: {exc}") from None
         self.step = self.tokens_seen = 0
         if "global_step" in info:
             self.step, self.tokens_seen = int(info["global_step"]), int(info.get("tokens_seen", 0))
@@ -217,7 +223,7 @@ class _Run:
         start_lr = info.get("final_lr")
         self.events.emit("parent_loaded", uri=self.parent_uri, global_step=self.step, tokens_seen=self.tokens_seen,
                          start_lr=start_lr, optimizer_state=str(full) if full else None)
-        return self.step, start_lr, optim
+        return self.step, start_lr, Path(full) if full is not None else None
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -306,8 +312,8 @@ class _Run:
             self.step += 1
             self.tokens_seen += tokens_per_step
             window_tokens += tokens_per_step
-            if ctx.rank == 0 and self.kind != "fsdp" and not self.saver.reserved:
-                self.saver.reserve(parallel.full_state(self.model, self.optim, self.kind)[:2])
+            if not self.saver.reserved:
+                self.saver.reserve(shards.state_of(self.model, self.optim))
             self._note_slow_ranks(stragglers.observe(rank_times), rank_times)
             self.hooks.after_step(ctx.rank, self.step)
             self._drain()
@@ -358,24 +364,20 @@ class _Run:
             self.status.update(slow_ranks=slow, force=True)
 
     def _save(self, skipped: int, wait: bool) -> None:
-        """Every rank writes its RNG state; rank 0 snapshots the full state and hands it to the writer."""
+        """Every rank writes its RNG state and snapshots its own part of the state for the writer."""
         spec, ctx = self.spec, self.ctx
         started = time.perf_counter()
         self.status.update(force=True, **({"state": State.CHECKPOINTING} if self.status.fields["state"] == State.RUNNING else {}))
         checkpoint.write_rank_state(spec.checkpoints, self.step, ctx.rank)
-        full = parallel.full_state(self.model, self.optim, self.kind) if ctx.rank == 0 or self.kind == "fsdp" else None
-        if ctx.world > 1:
-            dist.barrier()  # every rank's RNG file is on disk before rank 0 lists the folder
+        meta = {"format": checkpoint.FORMAT, "global_step": self.step, "tokens_seen": self.tokens_seen,
+                "sampler": self.sampler.state_dict(),
+                "lr_schedule": self.schedule.to_dict(), "grad_scaler": None, "skipped_steps": skipped,
+                "config_sha256": spec.config_sha256, "parent": self.parent_uri, "world_size": ctx.world,
+                "parallel": self.kind}
+        self.saver.save(self.step, shards.state_of(self.model, self.optim), meta, heartbeat=self._heartbeat)
+        if wait:
+            self.saver.wait(self._heartbeat)
         if ctx.rank == 0:
-            model_state, optim_state, fresh = full
-            meta = {"format": checkpoint.FORMAT, "global_step": self.step, "tokens_seen": self.tokens_seen,
-                    "sampler": self.sampler.state_dict(),
-                    "lr_schedule": self.schedule.to_dict(), "grad_scaler": None, "skipped_steps": skipped,
-                    "config_sha256": spec.config_sha256, "parent": self.parent_uri, "world_size": ctx.world,
-                    "parallel": self.kind}
-            self.saver.save(self.step, model_state, optim_state, meta, fresh, heartbeat=self._heartbeat)
-            if wait:
-                self.saver.wait(self._heartbeat)
             self.events.emit("checkpoint_saved", step=self.step, blocked_s=round(time.perf_counter() - started, 5),
                              async_save=self.saver.async_save and not wait)
         self._drain()

@@ -2,9 +2,9 @@
 
 ``train.parallel: ddp`` replicates the model on every rank; ``fsdp`` shards parameters, gradients
 and optimizer state with ``torch.distributed.fsdp.fully_shard`` (one unit per transformer block
-plus the root) for models that do not fit one device. Checkpoints hold the *full* state in both
-cases (FSDP gathers it to rank 0), so a checkpoint does not depend on the world size or on the
-parallelism it was written with.
+plus the root) for models that do not fit one device. Checkpoints are sharded either way
+(``trainer/shards.py``): each rank writes its part, and the library reshards on load, so a
+checkpoint does not depend on the world size or on the parallelism it was written with.
 """
 
 from __future__ import annotations
@@ -90,69 +90,19 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def _options(kind: str) -> Any:
-    # ~0.6 s: the trainer's start-up must not pay for it
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True) if kind == "fsdp" else StateDictOptions()
-
-
-def full_state(model: nn.Module, optim: torch.optim.Optimizer, kind: str) -> tuple[dict, dict, bool]:
-    """(model state, optimizer state keyed by parameter name, fresh).
-
-    FSDP gathers to rank 0 (a collective: every rank must call this; other ranks get ``{}``) into
-    new CPU tensors, except what it need not gather (Adam's ``step`` counters, buffers, any tensor
-    of a one-shard group), which comes back live: those are cloned here, so ``fresh`` is true.
-    Otherwise the tensors are the live ones and must be copied before training touches them again.
-    """
-    # ~0.6 s: the trainer's start-up must not pay for it
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    state = (full_model_state(model, kind), get_optimizer_state_dict(model, optim, options=_options(kind)))
-    if kind != "fsdp":
-        return (*state, False)
-    return (*_own(state, _live_storages(model, optim)), True)
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor  # ~0.5 s: the trainer's start-up must not pay for it
 
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _live_storages(model: nn.Module, optim: torch.optim.Optimizer) -> set[int]:
-    """Storage addresses of everything training will write to again."""
-    tensors = [*model.parameters(), *model.buffers(),
-               *(v for s in optim.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
-    return {_local(t).untyped_storage().data_ptr() for t in tensors}
-
-
-def _own(obj: Any, live: set[int]) -> Any:
-    """``obj`` with every tensor that shares storage with ``live`` replaced by a copy."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone() if _local(obj).untyped_storage().data_ptr() in live else obj
-    if isinstance(obj, dict):
-        return {k: _own(v, live) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_own(v, live) for v in obj)
-    return obj
-
-
 def full_model_state(model: nn.Module, kind: str) -> dict:
     """The full model state dict (FSDP: gathered to rank 0, a collective; live tensors otherwise)."""
     # ~0.6 s: the trainer's start-up must not pay for it
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(kind))
-
-
-def load_optimizer(model: nn.Module, optim: torch.optim.Optimizer, state: dict, kind: str) -> None:
-    """Load a full optimizer state (as ``full_state`` returns it) into a possibly sharded optimizer."""
-    # ~0.6 s: the trainer's start-up must not pay for it
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True) if kind == "fsdp" else StateDictOptions()
-    set_optimizer_state_dict(model, optim, state, options=options)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if kind == "fsdp" else StateDictOptions()
+    return get_model_state_dict(model, options=options)
 
 
 def local_numel(model: nn.Module) -> int:

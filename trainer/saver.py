@@ -1,12 +1,14 @@
 """Asynchronous checkpoint saving: the loop is blocked only while the state is copied.
 
-``save`` copies the model and optimizer state into reusable host buffers (pinned on GPU) and
-hands the copy to one background writer thread, which serializes, hashes, fsyncs and renames it
-(``checkpoint.commit``). Training goes on meanwhile. The next ``save`` first waits for the
-previous write, so at most one snapshot exists and its buffers can be reused. ``wait`` is what
-SIGTERM and the end of training call: the last checkpoint is always complete before exit.
-Before handing a snapshot over, ``save`` checks (one statvfs) that the disk has room for its
-exact bytes, so a full disk fails the run before a torn checkpoint is written.
+Every rank saves its own part (``trainer/shards.py``). ``save`` copies the rank's live state into
+host buffers that DCP's stager keeps from one save to the next (pinned on GPU), and hands the copy
+to one background writer thread, which writes the rank's shards and hashes them; rank 0's writer
+then writes the metadata, the checksums last, and renames (``checkpoint.commit``). Training goes
+on meanwhile. The next ``save`` first waits for the previous write, so at most one snapshot exists
+and its buffers can be reused. ``wait`` is what SIGTERM and the end of training call: the last
+checkpoint is always complete before exit. Before handing a snapshot over, rank 0 checks (one
+statvfs) that the disk has room for the checkpoint's bytes and every rank hears its answer, so a
+full disk fails the run before a torn checkpoint is written.
 
 The buffers are allocated (and their pages touched) once, by the writer thread, right after the
 optimizer state first exists, so even the first save only copies.
@@ -14,7 +16,6 @@ optimizer state first exists, so even the first save only copies.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import threading
@@ -26,79 +27,40 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from trainer import checkpoint
+from trainer import DiskFull, checkpoint, shards
 
 log = logging.getLogger("trainer.saver")
 
 
-def _walk(obj: Any, fn: Callable[[str, torch.Tensor], Any], prefix: str = "") -> Any:
-    """Rebuild ``obj`` with every tensor replaced by ``fn(path, tensor)``; other leaves are copied."""
+def _tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
-        return fn(prefix, obj)
+        return [obj]
     if isinstance(obj, dict):
-        return {k: _walk(v, fn, f"{prefix}/{k}") for k, v in obj.items()}
+        return [t for v in obj.values() for t in _tensors(v)]
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_walk(v, fn, f"{prefix}/{i}") for i, v in enumerate(obj))
-    return copy.deepcopy(obj)
+        return [t for v in obj for t in _tensors(v)]
+    return []
 
 
-def _storage_bytes(state: Any) -> dict[int, int]:
-    """Bytes of each distinct storage in ``state``, what torch.save writes (tied weights once)."""
-    sizes: dict[int, int] = {}
-    _walk(state, lambda path, t: sizes.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
-    return sizes
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _identity(t: torch.Tensor) -> tuple:
-    """Tensors that are views of the same memory (tied embeddings) share one staging buffer."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+def local_bytes(state: Any) -> tuple[int, int]:
+    """(bytes, tensors) this rank holds of ``state``: its shards, tied weights counted once."""
+    sizes = {(s := _local(t).untyped_storage()).data_ptr(): s.nbytes() for t in _tensors(state)}
+    return sum(sizes.values()), len(sizes)
 
 
-class Staging:
-    """Host buffers, one per distinct tensor of the state, reused by every snapshot."""
-
-    def __init__(self, pin: bool) -> None:
-        self.pin = pin
-        self.buffers: dict[str, torch.Tensor] = {}
-        self.ties: dict[str, str] = {}
-
-    def layout(self, state: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes to allocate (main thread: reads metadata only)."""
-        seen: dict[tuple, str] = {}
-        out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-
-        def visit(path: str, t: torch.Tensor) -> None:
-            key = _identity(t)
-            if key in seen:
-                self.ties[path] = seen[key]
-            else:
-                seen[key] = path
-                out[path] = (tuple(t.shape), t.dtype)
-
-        _walk(state, visit)
-        return out
-
-    def allocate(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
-        """Writer thread: allocate and touch every buffer, so copying later never page-faults."""
-        for path, (shape, dtype) in layout.items():
-            buf = self.buffers.get(path)
-            if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
-                self.buffers[path] = torch.zeros(shape, dtype=dtype, pin_memory=self.pin)
-
-    def copy(self, state: Any) -> Any:
-        """The snapshot: ``state`` with every tensor copied into its buffer (main thread)."""
-        def stage(path: str, t: torch.Tensor) -> torch.Tensor:
-            path = self.ties.get(path, path)
-            buf = self.buffers.get(path)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self.buffers[path] = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin)
-            return buf.copy_(t.detach(), non_blocking=self.pin)
-
-        out = _walk(state, stage)
-        if self.pin:
-            torch.cuda.synchronize()
-        return out
+def _bytes_in(folder: Path) -> int:
+    """Bytes written so far into ``folder`` (by every rank: the heartbeat's sign of progress)."""
+    try:
+        return sum(p.stat().st_size for p in folder.iterdir())
+    except OSError:
+        return 0
 
 
 def _lower_priority() -> None:
@@ -118,80 +80,112 @@ class Committed:
 
 
 class Saver:
-    """Rank 0's checkpoint writer; other ranks only write their RNG file (see the loop)."""
+    """This rank's checkpoint writer. ``replicas``: how many ranks hold each tensor (DDP: every rank,
+    FSDP: one), which turns this rank's bytes into the whole checkpoint's for the disk check."""
 
-    def __init__(self, root: Path, keep_last_n: int, async_save: bool, pin: bool,
-                 after_model: Callable[[int], None] = lambda step: None, heartbeat_every_s: float = 5.0) -> None:
+    def __init__(self, root: Path, keep_last_n: int, async_save: bool, pin: bool, rank: int = 0, world: int = 1,
+                 replicas: int = 1, after_state: Callable[[int], None] = lambda step: None,
+                 heartbeat_every_s: float = 5.0) -> None:
         self.root, self.keep_last_n, self.async_save = root, keep_last_n, async_save
+        self.rank, self.world, self.replicas = rank, world, replicas
         self.heartbeat_every_s = heartbeat_every_s
-        self.staging = Staging(pin)
-        self.after_model = after_model
-        self.bytes_written = 0
-        self._lock = threading.Lock()
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=pin, use_shared_memory=False,
+                                                   use_async_staging=False, use_non_blocking_copy=pin))
+        self.after_state = after_state
+        self.group = shards.group()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer",
                                             initializer=_lower_priority)
         self._pending: Future | None = None
+        self._writing: Path | None = None
         self._committed: list[Committed] = []
         self._allocating: Future | None = None
         self.reserved = False
         self.pinned: frozenset[int] = frozenset()  # steps whose checkpoints pruning keeps (wsd's stable state)
 
     def reserve(self, state: Any) -> None:
-        """Allocate the snapshot buffers in the background (once, when the optimizer state exists)."""
+        """Allocate the snapshot buffers in the background (once, when the optimizer state exists):
+        the stager keeps the buffers of the first copy for every later one."""
         if not self.reserved:
             self.reserved = True
-            self._allocating = self._executor.submit(self.staging.allocate, self.staging.layout(state))
+            self._allocating = self._executor.submit(self.stager.stage, state)
 
-    def save(self, step: int, model_state: dict, optim_state: dict, meta: dict, fresh: bool,
-             heartbeat: Callable[[], None] = lambda: None) -> None:
+    def save(self, step: int, state: dict, meta: dict, heartbeat: Callable[[], None] = lambda: None) -> None:
         """Snapshot and hand to the writer (and, when not async, wait for it); waits for the
-        previous write first."""
+        previous write first. Every rank calls it (the room check is a collective)."""
         self.wait(heartbeat)
         if self._allocating is not None:  # the buffers are being allocated: never copy into them meanwhile
             self._allocating.result()
             self._allocating = None
-        snapshot = (model_state, optim_state) if fresh else self.staging.copy((model_state, optim_state))
-        sizes = _storage_bytes(snapshot)  # after the wait: the previous checkpoint is on disk and pruning done
-        checkpoint.ensure_room(self.root, step, sum(sizes.values()), len(sizes))
-        self._pending = self._executor.submit(self._write, step, *snapshot, meta)
+        snapshot = self.stager.stage(state)
+        self._check_room(step, snapshot)
+        self._writing = checkpoint.inprogress_dir(self.root, step)
+        self._pending = self._executor.submit(self._write, step, snapshot, meta)
         if not self.async_save:
             self.wait(heartbeat)
 
-    def _write(self, step: int, model_state: dict, optim_state: dict, meta: dict) -> Committed:
+    def _check_room(self, step: int, snapshot: Any) -> None:
+        """Rank 0 checks the disk (after the wait: the previous checkpoint is on disk and pruning
+        done) and every rank hears the answer, so all refuse together or none does."""
+        verdict: list[str | None] = [None]
+        if self.rank == 0:
+            size, tensors = local_bytes(snapshot)
+            try:
+                checkpoint.ensure_room(self.root, step, size * self.world // self.replicas, tensors)
+            except DiskFull as exc:
+                verdict = [str(exc)]
+        if self.group is not None:
+            dist.broadcast_object_list(verdict, src=0)
+        if verdict[0] is not None:
+            if self.group is not None:
+                dist.barrier()  # every rank's RNG file is written before the folder goes
+            if self.rank == 0:
+                checkpoint.clear_step(self.root, step)
+            raise DiskFull(verdict[0])
+
+    def _write(self, step: int, snapshot: dict, meta: dict) -> Committed | None:
         started = time.perf_counter()
-        path = checkpoint.commit(self.root, step, model_state, optim_state, meta, self.keep_last_n,
-                                 progress=self._count, after_model=lambda: self.after_model(step), pinned=self.pinned)
+        try:
+            shards.write(snapshot, checkpoint.inprogress_dir(self.root, step), self.rank, self.group)
+        except BaseException as exc:  # DCP reports every rank's failure as one CheckpointException
+            if checkpoint.disk_full(exc):
+                raise checkpoint.filled(self.root, step) from exc
+            raise
+        if self.rank != 0:
+            return None
+        self.after_state(step)
+        path = checkpoint.commit(self.root, step, meta, self.world, self.keep_last_n, pinned=self.pinned)
         return Committed(step, path, time.perf_counter() - started)
 
-    def _count(self, n: int) -> None:
-        with self._lock:
-            self.bytes_written += n
-
     def drain(self) -> list[Committed]:
-        """Writes committed since the last look (re-raises a writer failure)."""
+        """Writes committed since the last look (re-raises a writer failure); rank 0 only commits."""
         if self._pending is not None and self._pending.done():
             pending, self._pending = self._pending, None
-            self._committed.append(pending.result())
+            self._keep(pending.result())
         done, self._committed = self._committed, []
         return done
+
+    def _keep(self, committed: Committed | None) -> None:
+        if committed is not None:
+            self._committed.append(committed)
 
     def wait(self, heartbeat: Callable[[], None] = lambda: None) -> None:
         """Block until the pending write is committed. ``heartbeat`` is called every ``heartbeat_every_s``
         while bytes are still being written, so a slow write is told from a hung one."""
         if self._pending is None:
             return
-        every_s = self.heartbeat_every_s
-        last = self.bytes_written
+        every_s, folder = self.heartbeat_every_s, self._writing
+        last = _bytes_in(folder) if folder else 0
         while True:
             try:
                 committed = self._pending.result(timeout=every_s)
                 break
             except TimeoutError:
-                if self.bytes_written != last:
-                    last = self.bytes_written
+                if folder is not None and (now := _bytes_in(folder)) != last:
+                    last = now
                     heartbeat()
         self._pending = None
-        self._committed.append(committed)
+        self._keep(committed)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self.stager.close()
