@@ -11,10 +11,13 @@ memory freed earlier (the backward pass's) cannot hide a new allocation from RSS
   rank 0 commits. Peak RSS above the rank's RSS before the first save, over the rank's own shard
   (bytes of its part of the model and optimizer state). Then the loop's blocked seconds per save
   (``save`` until it returns; ``--steps-between`` training steps between saves, as a run trains
-  between checkpoints), async and sync, alternating.
+  between checkpoints), async and sync, alternating. Last, the weights-only export
+  (``shards.write_weights``: every rank writes its part, rank 0 consolidates them into one
+  safetensors file tensor by tensor): peak RSS growth over the rank's share of the weights.
 - ``gathered`` (the previous format, the way to save a full state that the PyTorch docs give for
   FSDP2): ``get_model_state_dict``/``get_optimizer_state_dict`` with ``full_state_dict=True,
-  cpu_offload=True``, then rank 0 ``torch.save``s it. The same peak-over-shard figure, rank 0's.
+  cpu_offload=True``, then rank 0 ``torch.save``s it. The same peak-over-shard figure, rank 0's; and
+  its export: the full model gathered to rank 0 and ``safetensors.save_file``d.
 
     .venv/bin/python bench/checkpoint_bench.py [--saves 8] [--steps-between 10]
 """
@@ -97,7 +100,7 @@ def child(method: str, saves: int, between: int, root: Path) -> None:
 
     step()
     shard = local_bytes(shards.state_of(model, optim))[0]
-    out: dict = {"rank": rank, "shard_bytes": shard}
+    out: dict = {"rank": rank, "shard_bytes": shard, "weight_shard_bytes": local_bytes(shards.state_of(model, optim)["model"])[0]}
     if method == "sharded":
         saver = Saver(root, keep_last_n=2, async_save=False, pin=False, rank=rank, world=world)
         with PeakRss() as rss:
@@ -116,6 +119,10 @@ def child(method: str, saves: int, between: int, root: Path) -> None:
         saver.wait()
         saver.close()
         out["blocked_s"] = blocked
+        with PeakRss() as rss:
+            (root / "export").mkdir(exist_ok=True)
+            shards.write_weights(model, root / "export")
+        out["export_peak_grown_bytes"] = rss.grown
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -127,6 +134,16 @@ def child(method: str, saves: int, between: int, root: Path) -> None:
             del model_state, optim_state
             dist.barrier()
         out["peak_grown_bytes"] = rss.grown
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        with PeakRss() as rss:
+            weights = get_model_state_dict(model, options=options)
+            if rank == 0:
+                save_file({k: v for k, v in weights.items() if k != "lm_head.weight"}, str(root / "model.safetensors"))
+            del weights
+            dist.barrier()
+        out["export_peak_grown_bytes"] = rss.grown
     dist.destroy_process_group()
     (root / f"rank{rank}.json").write_text(json.dumps(out))
 
@@ -164,6 +181,9 @@ def main() -> None:
         "sharded": sharded, "gathered": gathered,
         "sharded_peak_over_shard": [round(r["peak_grown_bytes"] / r["shard_bytes"], 3) for r in sharded],
         "gathered_peak_over_shard_rank0": round(gathered[0]["peak_grown_bytes"] / gathered[0]["shard_bytes"], 3),
+        "export_peak_over_weight_shard": [round(r["export_peak_grown_bytes"] / r["weight_shard_bytes"], 3) for r in sharded],
+        "gathered_export_peak_over_weight_shard_rank0":
+            round(gathered[0]["export_peak_grown_bytes"] / gathered[0]["weight_shard_bytes"], 3),
         "async_blocked_s_per_save": round(async_s, 5), "sync_blocked_s_per_save": round(sync_s, 5),
         "blocked_ratio": round(async_s / sync_s, 3),
     }

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from trainer_corpus import (
     events,
     finish_gang,
@@ -88,6 +89,8 @@ def test_fsdp_matches_ddp_and_resumes_bitwise(corpus, tmp_path: Path):
     # a sharded checkpoint read whole has the key set of the plain model, the tied head saved once (as the embedding)
     loaded = arch.build(TrainSpec.load(ref / "train" / "spec.json").model).load_state_dict(a, strict=False)
     assert (loaded.missing_keys, loaded.unexpected_keys) == (["lm_head.weight"], [])
+    # the export, streamed from both ranks' shards into one file, is the last checkpoint's model
+    assert same(load_file(ref / "model" / "model.safetensors"), a)
 
     assert status(bf16)["state"] == "succeeded" and events(bf16, "training_started")[0]["bf16"] is True
     assert all(r["loss"] is not None for r in read_jsonl(bf16 / "metrics.jsonl"))

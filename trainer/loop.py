@@ -394,16 +394,22 @@ class _Run:
         self.status.update(force=True, **fields)
 
     def _export(self) -> None:
-        state = parallel.full_model_state(self.model, self.kind)  # FSDP: a collective, rank 0 gets it all
-        if self.ctx.rank == 0:
+        """The weights for evaluation and the registry, streamed tensor by tensor (no rank gathers the
+        model); rank 0 adds the training metadata and renames the folder into place."""
+        ctx = self.ctx
+        choice = [str(weights.staging(self.spec.export_dir)) if ctx.rank == 0 else None]
+        if ctx.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        tmp = Path(choice[0])
+        shards.write_weights(self.model, tmp)
+        if ctx.rank == 0:
             extra = {"global_step": self.step, "tokens_seen": self.tokens_seen, "config_sha256": self.spec.config_sha256,
                      "parent": self.parent_uri, "lr_schedule": self.schedule.to_dict(),
                      "final_lr": self.schedule.lr(self.step - 1), "stable_step": self._stable_kept()}
-            path = weights.export(state, self.spec.model, self.spec.export_dir, extra)
+            path = weights.complete(tmp, self.spec.model, self.spec.export_dir, extra)
             self.events.emit("exported", path=str(path), global_step=self.step)
-        if self.ctx.world > 1:
+        if ctx.world > 1:
             dist.barrier()
-
 
     def _stable_kept(self) -> int | None:
         """wsd: the step of this run's pre-decay checkpoint, which a child continues (None: none was taken)."""

@@ -96,15 +96,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def full_model_state(model: nn.Module, kind: str) -> dict:
-    """The full model state dict (FSDP: gathered to rank 0, a collective; live tensors otherwise)."""
-    # ~0.6 s: the trainer's start-up must not pay for it
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if kind == "fsdp" else StateDictOptions()
-    return get_model_state_dict(model, options=options)
-
-
 def local_numel(model: nn.Module) -> int:
     """Parameter elements this rank holds (FSDP: its shards only)."""
     return sum(_local(p).numel() for p in model.parameters())

@@ -9,6 +9,7 @@ is imported here only, by the trainer's processes (never by the pipelines that r
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
@@ -17,7 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from trainer import checkpoint
 from trainer.fsio import sha256_file, write_json
@@ -54,14 +61,19 @@ def state_of(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, 
     (the output head that is the token embedding) once, under its first name: DCP keys by name and
     would write it twice."""
     model_state, optim_state = get_state_dict(model, optim)
+    return {"model": _once(model_state), "optim": optim_state}
+
+
+def _once(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each tensor under its first name only (tied weights share one storage)."""
     seen: set[int] = set()
     once = {}
-    for name, t in model_state.items():
+    for name, t in state.items():
         local = t.to_local() if hasattr(t, "to_local") else t
         if (ptr := local.untyped_storage().data_ptr()) not in seen:
             seen.add(ptr)
             once[name] = t
-    return {"model": once, "optim": optim_state}
+    return once
 
 
 def write(state: dict[str, Any], folder: Path, rank: int, pg: Any) -> None:
@@ -86,3 +98,19 @@ def load(model: torch.nn.Module, optim: torch.optim.Optimizer, path: Path, kind:
     options = StateDictOptions(full_state_dict=True) if kind == "fsdp" else StateDictOptions()
     set_state_dict(model, optim, model_state_dict=full["model"], optim_state_dict=full["optim"], options=options)
 
+
+
+# what HuggingFaceStorageWriter names its one consolidated file (and the index beside it)
+_CONSOLIDATED, _HF_INDEX, _HF_SHARDS = "model-00001-of-00001.safetensors", "model.safetensors.index.json", "sharded"
+
+
+def write_weights(model: torch.nn.Module, folder: Path) -> None:
+    """The model's weights as ``folder/model.safetensors``, streamed: every rank writes its part
+    (safetensors), then rank 0 copies every part into one file at its offset, tensor by tensor
+    (DCP's ``HuggingFaceStorageWriter`` with consolidation); no rank gathers the model. A collective."""
+    dcp.save(_once(get_model_state_dict(model)), no_dist=not dist.is_initialized(),
+             storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True, enable_consolidation=True))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (folder / _CONSOLIDATED).rename(folder / "model.safetensors")
+        (folder / _HF_INDEX).unlink()
+        shutil.rmtree(folder / _HF_SHARDS)

@@ -21,16 +21,28 @@ _HEAD = "lm_head.weight"
 
 
 def export(state: dict, cfg: arch.Config, folder: Path, extra: dict | None = None) -> Path:
-    """Write ``model.safetensors`` and ``model.json`` into ``folder`` atomically (staged + rename).
+    """Write ``model.safetensors`` and ``model.json`` into ``folder`` atomically (staged + rename), from
+    a state held whole in memory (tests, benchmarks; the trainer streams: ``shards.write_weights``).
 
     ``extra`` is training metadata (global step, tokens seen, LR schedule) that a run continuing
     from this model reads back, so its counters and schedule go on from here.
     """
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp = staging(folder)
     tied = arch.tied(cfg)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items() if not (tied and k == _HEAD)}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return complete(tmp, cfg, folder, extra)
+
+
+def staging(folder: Path) -> Path:
+    """A new, empty folder beside ``folder`` to write its export into."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+
+
+def complete(tmp: Path, cfg: arch.Config, folder: Path, extra: dict | None = None) -> Path:
+    """``tmp`` holds ``model.safetensors``: add ``model.json`` (and a Llama's ``config.json``) and
+    rename it to ``folder``, replacing an earlier export."""
     (tmp / "model.json").write_text(json.dumps({"config": arch.describe(cfg), **(extra or {})}, indent=2))
     if isinstance(cfg, LlamaConfig):
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
