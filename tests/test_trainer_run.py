@@ -191,6 +191,19 @@ def test_a_full_state_checkpoint_of_the_previous_format_resumes(corpus, tmp_path
     assert same(saved(old / "checkpoints" / "step-00000008"), saved(ref / "checkpoints" / "step-00000008"))
 
 
+def test_a_checkpoint_of_another_model_is_refused_naming_the_tensors(corpus, tmp_path: Path):
+    """Read from the checkpoint's index before any data: which tensors differ, and how."""
+    cfg, packed = corpus
+    run = tmp_path / "changed"
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 4}), packed, run)) == 0
+    changed = with_overrides(cfg, train={"steps": 8}, model={"intermediate_size": 64})
+    assert train(one_rank_spec(changed, packed, run)) == 1
+    error = status(run)["error"]
+    assert error.startswith(f"checkpoint {run / 'checkpoints' / 'step-00000004'} does not fit the configured model")
+    assert "model.layers.0.mlp.gate_proj.weight is [96, 32] in the checkpoint, [64, 32] in this model" in error
+    assert "(and 3 more)" in error and "Traceback" not in error
+
+
 def test_checkpoint_of_an_older_format_is_refused_by_name(corpus, tmp_path: Path):
     cfg, packed = corpus
     run = tmp_path / "old"

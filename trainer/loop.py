@@ -195,7 +195,9 @@ class _Run:
             shards.load(self.model, self.optim, path, self.kind)
         except (RuntimeError, ValueError, KeyError, CheckpointException) as exc:  # DCP's names every rank's failure
             what = f"parent {self.parent_uri} ({path})" if parent else f"checkpoint {path}"
-            raise TrainerError(f"{what} does not fit the configured model: {exc}") from None
+            hint = "" if parent else (" (the model section changed since it was written: restore it, or move the "
+                                      "run's checkpoints away to start over)")
+            raise TrainerError(f"{what} does not fit the configured model{hint}: {exc}") from None
 
     def _load_parent(self) -> tuple[int, float | None, Path | None]:
         """Weights from the parent (and, when its full checkpoint was kept, model and optimizer state

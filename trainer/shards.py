@@ -89,6 +89,8 @@ def load(model: torch.nn.Module, optim: torch.optim.Optimizer, path: Path, kind:
     read whole on every rank and each keeps its part (as before)."""
     if checkpoint.is_sharded(path):
         state = state_of(model, optim)
+        if problems := _mismatch(path, state["model"]):
+            raise ValueError("; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
         dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         # not strict: the tied names state_of leaves out are the same tensor as the one loaded
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
@@ -102,6 +104,19 @@ def load(model: torch.nn.Module, optim: torch.optim.Optimizer, path: Path, kind:
 
 # what HuggingFaceStorageWriter names its one consolidated file (and the index beside it)
 _CONSOLIDATED, _HF_INDEX, _HF_SHARDS = "model-00001-of-00001.safetensors", "model.safetensors.index.json", "sharded"
+
+
+def _mismatch(path: Path, model_state: dict[str, Any]) -> list[str]:
+    """How the checkpoint's model differs from ``model_state``'s (names and whole shapes, from DCP's
+    index alone), one line per tensor: read before any data, so a changed model is refused by name."""
+    saved = {k.removeprefix("model."): list(v.size) for k, v in
+             dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+             if k.startswith("model.") and hasattr(v, "size")}
+    here = {k: list(t.shape) for k, t in model_state.items()}
+    problems = [f"{k} is {saved[k]} in the checkpoint, {shape} in this model" for k, shape in here.items()
+                if k in saved and saved[k] != shape]
+    problems += [f"{k} is not in the checkpoint" for k in here if k not in saved]
+    return problems + [f"{k} is in the checkpoint, not in this model" for k in saved if k not in here]
 
 
 def write_weights(model: torch.nn.Module, folder: Path) -> None:
