@@ -44,7 +44,7 @@ def _gate(dr) -> tuple[dict, dict]:
 
 def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_under_fsdp(dag, tmp_path: Path,
                                                                                           monkeypatch):
-    """The gate can pass: 300 steps learn more than token frequencies (this test's own, empty registry).
+    """The gate can pass: 150 steps learn more than token frequencies (this test's own, empty registry).
     Then ``parent`` through the DAG: the next run continues that version (its weights, optimizer state
     and step count) with ``train.parallel=fsdp`` on one node of two processes, is registered with it as
     its parent, and, its gate failing (the deployment asks for more than 4 steps can gain), ends well
@@ -55,7 +55,7 @@ def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_un
 
     # pack.shard_bytes cuts the demo corpus's 7 file groups into 3 mapped tokenize shards (1.65, 0.80, 0.45 MB)
     unigram = deployment_config(tmp_path, monkeypatch, "eval:\n  floor: unigram\n")
-    dr = dag.test(run_conf={"config": unigram, "train": {"steps": 300}, "set": ["pack.shard_bytes=600000"]})
+    dr = dag.test(run_conf={"config": unigram, "train": {"steps": 150}, "set": ["pack.shard_bytes=600000"]})
     assert str(dr.state) == "success", _states(dr)
     shards = sorted((ti.map_index, str(ti.state)) for ti in dr.get_task_instances() if ti.task_id == "tokenize.shard")
     assert shards == [(0, "success"), (1, "success"), (2, "success")], shards
@@ -70,7 +70,7 @@ def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_un
     assert report["passed"] and report["gate"]["lower_bpb"] > 0, report["gate"]
     run_dir = _run_dir(dr)
     status = json.loads((run_dir / "status.json").read_text())  # two nodes over loopback, each its share
-    assert status["state"] == "succeeded" and status["tokens_seen"] == 300 * 8 * 32 * 2, status
+    assert status["state"] == "succeeded" and status["tokens_seen"] == 150 * 8 * 32 * 2, status
 
     c: MlflowClient = client()
     mv = c.get_model_version_by_alias("taxiway-tiny-gpt", "champion")
@@ -101,8 +101,8 @@ def test_a_model_that_beats_the_floor_becomes_champion_and_a_run_continues_it_un
     events = [json.loads(line) for line in (_run_dir(child) / "events.jsonl").read_text().splitlines()]
     loaded = next(e for e in events if e["event"] == "parent_loaded")
     started = next(e for e in events if e["event"] == "training_started")
-    assert loaded["uri"] == parent and loaded["global_step"] == 300, loaded
-    assert (started["world_size"], started["parallel"], started["step"]) == (2, "fsdp", 300), started
+    assert loaded["uri"] == parent and loaded["global_step"] == 150, loaded
+    assert (started["world_size"], started["parallel"], started["step"]) == (2, "fsdp", 150), started
     report, reg = _gate(child)
     assert report["baseline"]["version"] == str(mv.version) and not report["passed"], report["reason"]
     challenger = c.get_model_version_by_alias("taxiway-tiny-gpt", "challenger")
