@@ -102,7 +102,7 @@ def child(method: str, saves: int, between: int, root: Path) -> None:
     shard = local_bytes(shards.state_of(model, optim))[0]
     out: dict = {"rank": rank, "shard_bytes": shard, "weight_shard_bytes": local_bytes(shards.state_of(model, optim)["model"])[0]}
     if method == "sharded":
-        saver = Saver(root, keep_last_n=2, async_save=False, pin=False, rank=rank, world=world)
+        saver = Saver(root, keep_last_n=2, async_save=False, device=torch.device("cpu"), rank=rank, world=world)
         with PeakRss() as rss:
             saver.reserve(shards.state_of(model, optim))
             saver.save(1, shards.state_of(model, optim), {"format": 3})

@@ -136,9 +136,10 @@ def main() -> None:
         uri, folder = _registered(home)
         serving = _serve(uri, args.tokens, args.repeats, env, home / "serve.log")
         local = _in_process(folder, args.tokens, args.repeats)
-    same = serving.pop("text") == local["transformers"]["text"] == local["taxiway"]["text"]
+    same = serving["text"] == local["transformers"]["text"] == local["taxiway"]["text"]
+    served = {"prompt": PROMPT, "answer": serving.pop("text")}  # what /invocations returned, as it returned it
     figures = {"serve": serving, "in_process": {k: {kk: vv for kk, vv in v.items() if kk != "text"}
-                                                for k, v in local.items()}, "same_text": same}
+                                                for k, v in local.items()}, "same_text": same, "served": served}
     table = harness.markdown(
         ["method", "ready (s)", "first answer (s)", f"answer, {args.tokens} tokens (median s)"],
         [["mlflow models serve (HTTP)", serving["ready_s"], serving["first_answer_s"], serving["answer_median_s"]],

@@ -57,7 +57,7 @@ def _commit_tiny(cfg: RunConfig, root: Path, step: int) -> Path:
     model(x, x)[1].backward()
     optim.step()
     checkpoint.write_rank_state(root, step, 0)
-    saver = Saver(root, keep_last_n=10, async_save=False, pin=False)
+    saver = Saver(root, keep_last_n=10, async_save=False, device=torch.device("cpu"))
     try:
         saver.save(step, shards.state_of(model, optim), {"format": checkpoint.FORMAT})
         (done,) = saver.drain()

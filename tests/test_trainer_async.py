@@ -27,7 +27,7 @@ from trainer_corpus import (
 )
 
 from pipelines.launch.spec import write_trainer_spec
-from trainer import EXIT_CANCELED, checkpoint, shards
+from trainer import EXIT_CANCELED, TrainerError, checkpoint, shards
 from trainer.loop import train
 from trainer.model import GPT, GPTConfig
 from trainer.saver import Saver
@@ -48,7 +48,7 @@ def test_snapshot_is_taken_off_the_live_tensors(tmp_path: Path):
     optim.step()
 
     release = threading.Event()
-    saver = Saver(tmp_path, keep_last_n=2, async_save=True, pin=False, after_state=lambda step: release.wait(30))
+    saver = Saver(tmp_path, keep_last_n=2, async_save=True, device=torch.device("cpu"), after_state=lambda step: release.wait(30))
     saver.reserve(shards.state_of(model, optim))
     live = shards.state_of(model, optim)
     expected = {f"model/{k}": v.clone() for k, v in live["model"].items()}
@@ -66,6 +66,34 @@ def test_snapshot_is_taken_off_the_live_tensors(tmp_path: Path):
     assert done.step == 1 and checkpoint.is_valid(done.path) == (True, "ok")
     assert same(saved(done.path), expected)
     saver.close()
+
+
+def test_a_failed_write_is_one_clear_error_raised_once_and_leaves_no_folder(tmp_path: Path, monkeypatch):
+    """DCP reports a write failure as a ``CheckpointException``, a ``BaseException`` that no ``except
+    Exception`` catches: the saver turns it into the trainer's own error, naming the checkpoint and what
+    failed, raises it once (the loop's last ``wait`` in its ``finally`` must not raise it again), and
+    removes the folder it was writing."""
+    import errno
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, n_embd=16, block_size=16))
+    optim = torch.optim.AdamW(model.parameters())
+
+    def broken(self, plan, planner):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(shards._HashingWriter, "write_data", broken)
+    root = tmp_path / "checkpoints"
+    saver = Saver(root, keep_last_n=2, async_save=True, device=torch.device("cpu"))
+    checkpoint.write_rank_state(root, 3, 0)
+    saver.save(3, shards.state_of(model, optim), {"format": checkpoint.FORMAT})
+    assert wait_for(lambda: saver._pending.done(), 30, "the write to fail")
+    assert saver.drain() == []  # seen by the next save or wait, which every rank reaches at the same step
+    with pytest.raises(TrainerError, match=r"writing checkpoint step-00000003 failed: rank 0: OSError: .*Input/output"):
+        saver.wait()
+    saver.wait()
+    saver.close()
+    assert list(root.iterdir()) == []
 
 
 def test_synchronous_mode_writes_the_same_checkpoints(corpus, tmp_path: Path):

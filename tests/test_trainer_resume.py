@@ -10,7 +10,7 @@ import torch
 from trainer_corpus import events, finish_gang, kill9, make_corpus, saved, status, submit_gang, wait_for
 
 from pipelines.launch import local
-from trainer import checkpoint
+from trainer import checkpoint, shards
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +95,20 @@ def test_rng_state_reads_back_weights_only_and_an_old_pickle_is_not_run(tmp_path
 
     torch.save({"numpy": np.random.get_state(), "payload": Payload()}, tmp_path / "old.pt")
     assert checkpoint._rng(tmp_path / "old.pt") is None and not (tmp_path / "ran").exists()
+
+
+def test_a_checkpoint_index_naming_anything_else_is_refused_unread(tmp_path: Path):
+    """DCP pickles its index (``.metadata``); a checkpoint may come from elsewhere, so the index is read
+    with only the classes an index is made of, and one naming anything else runs nothing."""
+    import pickle
+
+    from trainer import TrainerError
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(TrainerError, match=r"\.metadata: refused unread: it names pathlib.*Path.touch"):
+        shards.read_whole(tmp_path)
+    assert not (tmp_path / "ran").exists()

@@ -23,7 +23,7 @@ from trainer_corpus import (
 )
 
 from pipelines.launch.spec import write_trainer_spec
-from trainer import checkpoint
+from trainer import shards
 from trainer.fsio import sha256_file
 from trainer.loop import train
 from trainer.schedule import Schedule
@@ -176,7 +176,7 @@ def test_a_full_state_checkpoint_of_the_previous_format_resumes(corpus, tmp_path
     assert train(one_rank_spec(cfg, packed, ref)) == 0
     source, folder = ref / "checkpoints" / "step-00000004", old / "checkpoints" / "step-00000004"
     folder.mkdir(parents=True)
-    whole = checkpoint.read_whole(source)
+    whole = shards.read_whole(source)
     model = whole["model"] | {"lm_head.weight": whole["model"]["model.embed_tokens.weight"]}  # format 2 kept the tie
     torch.save(model, folder / "model.pt")
     torch.save(whole["optim"], folder / "optim.pt")

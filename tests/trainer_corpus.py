@@ -18,7 +18,7 @@ from pipelines import manifest
 from pipelines.config import load_config
 from pipelines.launch import local
 from pipelines.launch.spec import launch_spec, write_trainer_spec
-from trainer import checkpoint
+from trainer import shards
 from trainer.spec import TrainSpec
 
 
@@ -124,7 +124,7 @@ def kill9(pids: list[int]) -> None:
 def saved(folder: Path) -> dict:
     """Every model and optimizer tensor of a checkpoint (either format), by name: ``model/<name>``,
     ``optim/<param>/<state>``."""
-    state = checkpoint.read_whole(folder)
+    state = shards.read_whole(folder)
     out = {f"model/{k}": v for k, v in state["model"].items()}
     for name, per_param in state["optim"]["state"].items():
         out.update({f"optim/{name}/{k}": v for k, v in per_param.items()})
@@ -133,7 +133,7 @@ def saved(folder: Path) -> dict:
 
 def saved_model(run_dir: Path, step: int) -> dict:
     """The model state of ``run_dir``'s checkpoint of ``step``, whole."""
-    return checkpoint.read_whole(run_dir / "checkpoints" / f"step-{step:08d}")["model"]
+    return shards.read_whole(run_dir / "checkpoints" / f"step-{step:08d}")["model"]
 
 
 def same(a: dict, b: dict) -> bool:

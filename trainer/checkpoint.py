@@ -129,9 +129,8 @@ def disk_full(exc: BaseException | None) -> bool:
 
 
 def filled(root: Path, step: int) -> DiskFull:
-    """The error of a checkpoint the disk filled during (its folder is removed first)."""
+    """The error of a checkpoint the disk filled during (the caller removes its folder: rank 0)."""
     tmp = inprogress_dir(root, step)
-    clear_step(root, step)
     return DiskFull(f"the disk filled while checkpoint {tmp.name} was written in {root} "
                     f"({_size(free_bytes(root))} free once it was removed); the newest valid checkpoint stands: "
                     "free space there (or lower checkpoint.keep_last_n) and resume")
@@ -177,6 +176,7 @@ def commit(root: Path, step: int, meta: dict, world: int, keep_last_n: int,
     except Exception as exc:
         if not disk_full(exc):
             raise
+        clear_step(root, step)
         raise filled(root, step) from exc
     final = step_dir(root, step)
     if final.exists():  # a resumed run re-saving a step whose old copy was found invalid
@@ -253,23 +253,6 @@ def read_full_format(path: Path) -> dict[str, Any]:
     """Format 2's full model and optimizer state, every tensor on the CPU."""
     return {"model": torch.load(path / "model.pt", map_location="cpu", weights_only=True),
             "optim": torch.load(path / "optim.pt", map_location="cpu", weights_only=True)}
-
-
-def read_whole(path: Path) -> dict[str, Any]:
-    """Either format's state as one dict of whole tensors (``{"model": ..., "optim": ...}``), with no
-    model to load it into and no process group: for tools and tests, which compare checkpoints.
-    A training rank never calls this: it loads only its own part (``trainer.parallel.load_checkpoint``)."""
-    if not is_sharded(path):
-        return read_full_format(path)
-    # ~0.6 s, and only tools read whole checkpoints; as DCP's own format_utils.dcp_to_torch_save does
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)
-    return state
 
 
 def read_rng(path: Path, rank: int) -> dict[str, Any] | None:

@@ -128,7 +128,7 @@ class _Run:
         self.step = self.tokens_seen = 0
         self.parent_uri = spec.parent.uri if spec.parent else None
         self.saver = Saver(spec.checkpoints, spec.checkpoint.keep_last_n, spec.checkpoint.async_save,
-                           pin=ctx.device.type == "cuda", rank=ctx.rank, world=ctx.world,
+                           device=ctx.device, rank=ctx.rank, world=ctx.world,
                            replicas=ctx.world if self.kind == "ddp" else 1,
                            after_state=hooks.after_state_written, heartbeat_every_s=spec.status_every_s)
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from trainer import DiskFull, checkpoint, shards
+from trainer import DiskFull, TrainerError, checkpoint, shards
 
 log = logging.getLogger("trainer.saver")
 
@@ -63,9 +63,13 @@ def _bytes_in(folder: Path) -> int:
         return 0
 
 
-def _lower_priority() -> None:
+def _writer_thread(device: torch.device) -> None:
     """The writer thread yields the CPU to training (nice +10, this thread only): on a busy host the
-    write takes a little longer instead of slowing every rank, which would all wait for this one."""
+    write takes a little longer instead of slowing every rank, which would all wait for this one.
+    It works on its rank's GPU: the current CUDA device is per thread, and every rank's writer
+    would otherwise stage through (and open a context on) device 0."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except OSError as exc:  # not permitted in some sandboxes: the write just competes as before
@@ -83,18 +87,19 @@ class Saver:
     """This rank's checkpoint writer. ``replicas``: how many ranks hold each tensor (DDP: every rank,
     FSDP: one), which turns this rank's bytes into the whole checkpoint's for the disk check."""
 
-    def __init__(self, root: Path, keep_last_n: int, async_save: bool, pin: bool, rank: int = 0, world: int = 1,
-                 replicas: int = 1, after_state: Callable[[int], None] = lambda step: None,
+    def __init__(self, root: Path, keep_last_n: int, async_save: bool, device: torch.device, rank: int = 0,
+                 world: int = 1, replicas: int = 1, after_state: Callable[[int], None] = lambda step: None,
                  heartbeat_every_s: float = 5.0) -> None:
         self.root, self.keep_last_n, self.async_save = root, keep_last_n, async_save
         self.rank, self.world, self.replicas = rank, world, replicas
         self.heartbeat_every_s = heartbeat_every_s
+        pin = device.type == "cuda"
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=pin, use_shared_memory=False,
                                                    use_async_staging=False, use_non_blocking_copy=pin))
         self.after_state = after_state
         self.group = shards.group()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer",
-                                            initializer=_lower_priority)
+                                            initializer=_writer_thread, initargs=(device,))
         self._pending: Future | None = None
         self._writing: Path | None = None
         self._committed: list[Committed] = []
@@ -147,9 +152,14 @@ class Saver:
         try:
             shards.write(snapshot, checkpoint.inprogress_dir(self.root, step), self.rank, self.group)
         except BaseException as exc:  # DCP reports every rank's failure as one CheckpointException
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            if self.rank == 0:
+                checkpoint.clear_step(self.root, step)
             if checkpoint.disk_full(exc):
                 raise checkpoint.filled(self.root, step) from exc
-            raise
+            raise TrainerError(f"writing checkpoint {checkpoint.step_dir(self.root, step).name} failed: "
+                               f"{shards.failed(exc)}") from exc
         if self.rank != 0:
             return None
         self.after_state(step)
@@ -157,8 +167,11 @@ class Saver:
         return Committed(step, path, time.perf_counter() - started)
 
     def drain(self) -> list[Committed]:
-        """Writes committed since the last look (re-raises a writer failure); rank 0 only commits."""
-        if self._pending is not None and self._pending.done():
+        """Writes committed since the last look; rank 0 only commits. A failed write stays pending:
+        the next ``save`` or ``wait`` raises it, which every rank calls at the same step (each rank
+        sees the failure at a different moment: raising here would leave the others waiting in the
+        next collective)."""
+        if self._pending is not None and self._pending.done() and self._pending.exception() is None:
             pending, self._pending = self._pending, None
             self._keep(pending.result())
         done, self._committed = self._committed, []
@@ -179,10 +192,14 @@ class Saver:
             try:
                 committed = self._pending.result(timeout=every_s)
                 break
-            except TimeoutError:
-                if folder is not None and (now := _bytes_in(folder)) != last:
-                    last = now
-                    heartbeat()
+            except BaseException as exc:
+                if isinstance(exc, TimeoutError) and not self._pending.done():
+                    if folder is not None and (now := _bytes_in(folder)) != last:
+                        last = now
+                        heartbeat()
+                    continue
+                self._pending = None  # raised once: a later wait (the loop's finally) does not raise it again
+                raise
         self._pending = None
         self._keep(committed)
 
