@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from pipelines.launch.local import free_port  # the tests' servers take their ports as the gang does
 
 REPO = Path(__file__).resolve().parents[1]
 # a credential planted in every live deployment's environment, as a real deployment's would be: no file
@@ -44,12 +45,6 @@ USERS = {"admin": "admin", "ada": "user", "tom": "user"}
 SHARED_MAY_SET = ("registry.model_name", "registry.lock_timeout_s", "registry.approval", "registry.approval_timeout_s",
                   "registry.approval_reminder_s", "registry.approvers", "alerts.webhooks", "compute.kubernetes.labels")
 TERMINAL = {"success", "failed"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(url: str, procs: dict[str, tuple[subprocess.Popen, Path]]) -> bool:

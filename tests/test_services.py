@@ -113,3 +113,13 @@ def test_a_stop_command_that_fails_leaves_no_other_server_running(tmp_path: Path
     (root / "b-server.json").write_text(json.dumps({"stop": ["touch", str(stopped)]}))
     services.end(str(root))
     assert stopped.exists() and not root.exists()
+
+
+def test_a_free_port_is_never_one_an_outgoing_connection_may_take():
+    """Below the kernel's ephemeral range: between the pick and the server's bind, no outgoing connection's
+    source port can land on it (a port from ``bind(0)`` could, and a test's MLflow server once failed so)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in {free_port() for _ in range(50)}:
+        assert 10000 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

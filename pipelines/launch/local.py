@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -109,9 +110,22 @@ def launched_here(handle: Handle) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port for a server (the gang's rendezvous; the tests' servers), picked at random
+    below the kernel's ephemeral range. Not ``bind(0)``: that hands out an ephemeral port, which between
+    this probe and the server's own bind may become the source port of any outgoing connection on the
+    machine (a gloo connection, an HTTP client), and the server then fails "address already in use"
+    (seen in CI, a test's MLflow server). Below the range no outgoing connection is given it; the bind
+    here skips what a service already holds."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    while True:
+        port = pick.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _start_ticks(pid: int) -> int | None:
