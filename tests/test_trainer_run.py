@@ -191,6 +191,25 @@ def test_a_full_state_checkpoint_of_the_previous_format_resumes(corpus, tmp_path
     assert same(saved(old / "checkpoints" / "step-00000008"), saved(ref / "checkpoints" / "step-00000008"))
 
 
+def test_a_failed_export_fails_the_run_by_name_and_leaves_nothing_beside_it(corpus, tmp_path: Path, monkeypatch):
+    """The streamed export's write failing (DCP reports it as a BaseException) is the trainer's own error,
+    naming the folder and the reason; its staging folder is removed and no model/ appears."""
+    import errno
+
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    def broken(self, plan, planner):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(HuggingFaceStorageWriter, "write_data", broken)
+    cfg, packed = corpus
+    run = tmp_path / "run"
+    assert train(one_rank_spec(with_overrides(cfg, train={"steps": 4}), packed, run)) == 1
+    error = status(run)["error"]
+    assert error.startswith(f"exporting the model to {run}/.model.") and "rank 0: OSError: [Errno 5]" in error
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".model") or p.name == "model") == []
+
+
 def test_a_checkpoint_of_another_model_is_refused_naming_the_tensors(corpus, tmp_path: Path):
     """Read from the checkpoint's index before any data: which tensors differ, and how."""
     cfg, packed = corpus

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -403,7 +404,12 @@ class _Run:
         if ctx.world > 1:
             dist.broadcast_object_list(choice, src=0)
         tmp = Path(choice[0])
-        shards.write_weights(self.model, tmp)
+        try:
+            shards.write_weights(self.model, tmp)
+        except BaseException:
+            if ctx.rank == 0:  # nothing half-written is left beside the export
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if ctx.rank == 0:
             extra = {"global_step": self.step, "tokens_seen": self.tokens_seen, "config_sha256": self.spec.config_sha256,
                      "parent": self.parent_uri, "lr_schedule": self.schedule.to_dict(),
