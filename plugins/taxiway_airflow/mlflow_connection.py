@@ -1,10 +1,11 @@
 """MLflow's address and credentials for a task process, from the Airflow connection ``mlflow_default``.
 
-The production tracking server requires a login (deploy/mlflow.yaml: ``--app-name basic-auth``).
+The production tracking server requires a login (deploy/base/mlflow.yaml: ``--app-name basic-auth``).
 MLflow's client takes it from ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` only, and a
 plain env value would put the password in the Helm values and the pod spec. So the deployment gives
-it as a connection (type http; host = the tracking URI, or a host name with ``schema`` http/https and
-``port``; login/password = an MLflow user), from a Kubernetes Secret, and this step copies it into the
+it as a connection (type ``mlflow``, Taxiway's own: ``hooks/mlflow.py``, or ``http``; host = the tracking
+URI, or a host name with ``schema`` http/https and ``port``; login/password = an MLflow user), from a
+Kubernetes Secret, and this step copies it into the
 environment of the one process that needs it, as each task starts (``on_task_instance_running``,
 registered by the Taxiway plugin). Airflow masks the connection's password in task logs; nothing
 here logs a value. A deployment opts in by naming the connection in ``TAXIWAY_MLFLOW_LOGIN_CONN_ID``
@@ -22,17 +23,12 @@ from airflow.listeners import hookimpl
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from taxiway_airflow.hooks.mlflow import MlflowHook, client_env
+
 log = logging.getLogger("taxiway")
 
-CONNECTION_ID = "mlflow_default"  # the name deploy/airflow-values.yaml gives it
+CONNECTION_ID = MlflowHook.default_conn_name  # the name deploy/airflow-values.yaml gives it
 CONNECTION_ENV = "TAXIWAY_MLFLOW_LOGIN_CONN_ID"
-
-
-def tracking_uri(conn: Any) -> str:
-    """The connection's tracking URI: its host when that is a URL, else ``schema://host:port``."""
-    if "://" in conn.host:
-        return conn.host.rstrip("/")
-    return f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
 
 
 def apply() -> bool:
@@ -45,11 +41,9 @@ def apply() -> bool:
         conn = Connection.get(conn_id)
     except AirflowNotFoundException:
         return False
-    given = {"MLFLOW_TRACKING_URI": tracking_uri(conn) if conn.host else None,
-             "MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password}
-    os.environ.update({name: value for name, value in given.items() if value})
-    log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id,
-             ", ".join(name for name, value in given.items() if value) or "none")
+    given = client_env(conn)
+    os.environ.update(given)
+    log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id, ", ".join(given) or "none")
     return True
 
 

@@ -1,5 +1,6 @@
 """The stages the DAGs chain after their config task: preflight → tokenize → train → evaluate →
-register, as task groups. Wiring only: task bodies live in ``tasks/``, operators in ``operators/``."""
+register, as task groups. Wiring only: task bodies live in ``tasks/``, operators in ``operators/``; the
+training worker's queue and the registry's pool are the deployment's (``placement``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from airflow.sdk import TaskGroup
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
 from taxiway_airflow.operators.approval import ApprovalGate, ApprovalReminder
 from taxiway_airflow.operators.gang import TrainGang
+from taxiway_airflow.placement import gpu_work, registry_work
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
 from taxiway_airflow.tasks import train as tasks
@@ -59,7 +61,7 @@ def approval_steps(run: Any, registered: Any) -> None:
     with the decision after it), its reminder beside it, and the decision applied to the aliases."""
     gate = ApprovalGate(task_id="approval", run=run)
     registered >> [gate, ApprovalReminder(task_id="approval_reminder", run=run, approval_task_id=gate.task_id)]
-    with_links(tasks.decide.override(task_id="decision")(run, gate.output), REGISTER_LINKS)
+    with_links(tasks.decide.override(task_id="decision", **registry_work())(run, gate.output), REGISTER_LINKS)
 
 
 def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
@@ -73,19 +75,20 @@ def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
             service, gang = training_gang(run, retry_delay=timedelta(seconds=10),
                                           max_retry_delay=timedelta(minutes=10))
             final = CheckpointSensor(task_id="final_checkpoint", run=run)
-            tasks.smoke.override(task_id="smoke")(run) >> service
+            tasks.smoke.override(task_id="smoke", **gpu_work())(run) >> service
             gang >> final
         else:
             gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
-                             retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10))
+                             retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10), **gpu_work())
             final = CheckpointSensor(task_id="final_checkpoint", run=run)
-            tasks.smoke.override(task_id="smoke")(run) >> gang >> final
+            tasks.smoke.override(task_id="smoke", **gpu_work())(run) >> gang >> final
 
     with TaskGroup("evaluate", **STAGES["evaluate"]._asdict()) as evaluate:
-        with_links(tasks.evaluate.override(task_id="score")(run), EVALUATE_LINKS)
+        with_links(tasks.evaluate.override(task_id="score", **gpu_work())(run), EVALUATE_LINKS)
 
     with TaskGroup("register", **STAGES["register"]._asdict()) as register:
-        approval_steps(run, with_links(tasks.register.override(task_id="model_version")(run), REGISTER_LINKS))
+        registered = tasks.register.override(task_id="model_version", **registry_work())(run)
+        approval_steps(run, with_links(registered, REGISTER_LINKS))
 
     tokenize >> train >> evaluate >> register
     return preflight, register

@@ -11,6 +11,7 @@ from airflow.sdk import TaskGroup, task_group
 
 from taxiway_airflow.links import MlflowRunLink, ModelVersionLink, with_links
 from taxiway_airflow.operators.gang import TrainGang
+from taxiway_airflow.placement import gpu_work, registry_work
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
 from taxiway_airflow.stage_groups import approval_steps
@@ -24,9 +25,10 @@ def member(run: Any) -> None:
     tasks with the same retries, then its evaluation. Gangs of members run side by side: each picks
     a free rendezvous port at launch and writes only under its own folder."""
     gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
-                     retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10))
+                     retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10), **gpu_work())
     final = CheckpointSensor(task_id="final_checkpoint", run=run)
-    tasks.smoke.override(task_id="smoke")(run) >> gang >> final >> tasks.evaluate.override(task_id="score")(run)
+    score = tasks.evaluate.override(task_id="score", **gpu_work())(run)
+    tasks.smoke.override(task_id="smoke", **gpu_work())(run) >> gang >> final >> score
 
 
 def sweep_stages(run: Any) -> tuple[Any, TaskGroup]:
@@ -36,7 +38,7 @@ def sweep_stages(run: Any) -> tuple[Any, TaskGroup]:
         member.expand(run=listed) >> sweep_tasks.rank.override(task_id="rank")()  # upstream: the members only
 
     with TaskGroup("register", **STAGES["register_best"]._asdict()) as register:
-        best = sweep_tasks.register_best.override(task_id="model_version")(run)
+        best = sweep_tasks.register_best.override(task_id="model_version", **registry_work())(run)
         with_links(best, (ModelVersionLink(), MlflowRunLink()))
         approval_steps(best, best)  # the best member's folder (tasks.common.approval_dir) holds its report
     sweep >> register

@@ -1,0 +1,39 @@
+"""Where a task runs and what bounds it, as the deployment says in Airflow's ``[taxiway]`` section
+(``AIRFLOW__TAXIWAY__…``; the provider info documents them: ``get_provider_info.CONFIG``).
+
+- ``gpu_queue``: the queue of the tasks that need the training worker (a GPU, or the memory of a big
+  worker): the smoke test, the local gang and the evaluation. Empty (the default): Airflow's default
+  queue, as before. A CeleryExecutor deployment that sets it runs workers listening on it
+  (``airflow celery worker --queues <gpu_queue>``); the LocalExecutor and ``dag.test()`` ignore queues.
+- ``registry_pool``: the pool of the tasks that write to the model registry (registration and the
+  approval's decision). Empty (the default): Airflow's ``default_pool``. A pool that does not exist
+  holds its tasks in ``scheduled`` for ever (the scheduler only logs "Tasks using non-existent pool"),
+  so the deployment creates it first (``airflow pools set <name> <slots> <description>``).
+
+Both are read when a DAG file is parsed: a task's queue and pool are part of the DAG's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk.configuration import conf
+
+SECTION = "taxiway"
+GPU_QUEUE, REGISTRY_POOL = "gpu_queue", "registry_pool"
+
+
+def _setting(key: str) -> str:
+    return conf.get(SECTION, key, fallback="").strip()
+
+
+def gpu_work() -> dict[str, Any]:
+    """Operator arguments of a task that needs the training worker: ``queue`` when the deployment names one."""
+    queue = _setting(GPU_QUEUE)
+    return {"queue": queue} if queue else {}
+
+
+def registry_work() -> dict[str, Any]:
+    """Operator arguments of a task that writes to the model registry: ``pool`` when the deployment names one."""
+    pool = _setting(REGISTRY_POOL)
+    return {"pool": pool} if pool else {}
