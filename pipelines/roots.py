@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ def _fixed(pattern: str) -> str:
 
 
 def _env_list(name: str) -> list[str]:
-    return [p for p in os.environ.get(name, "").split(os.pathsep) if p.strip()]
+    """``$name`` split at ``os.pathsep`` (``:``), but not at the ``:`` of a URI's ``://`` or a ``::`` chain."""
+    return [p for p in re.split(r"(?<!:):(?!//|:)", os.environ.get(name, "")) if p.strip()]
 
 
 @dataclass(frozen=True)

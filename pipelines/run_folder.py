@@ -343,7 +343,7 @@ class Cache:
 
 # TAXIWAY_HOME ------------------------------------------------------------------------------------
 # <home>/runs/<dag id>/<run id>-<hash>/ (the CLI's: runs/<name>/), <home>/cache/, <home>/mlflow.db,
-# <home>/mlartifacts/ (and, for `make`, <home>/airflow/ and <home>/demo-data/)
+# <home>/mlartifacts/ (unless TAXIWAY_MLFLOW_ARTIFACTS names object storage; and, for `make`, <home>/airflow/ and <home>/demo-data/)
 
 def taxiway_home() -> Path:
     """``$TAXIWAY_HOME``, default ``./.taxiway``, always absolute (workers may change cwd)."""
@@ -405,4 +405,8 @@ def mlflow_tracking_uri() -> str:
 
 
 def mlflow_artifact_root() -> str:
-    return (taxiway_home() / "mlartifacts").as_uri()
+    """Where a database tracking store keeps artifacts: ``$TAXIWAY_MLFLOW_ARTIFACTS`` (the deployment's,
+    e.g. ``s3://bucket/mlartifacts``, written with MLflow's boto3), else ``mlartifacts/`` in ``TAXIWAY_HOME``.
+    A tracking server ignores it: the server's ``--artifacts-destination`` decides."""
+    return (os.environ.get("TAXIWAY_MLFLOW_ARTIFACTS", "").rstrip("/")
+            or (taxiway_home() / "mlartifacts").as_uri())

@@ -220,6 +220,20 @@ class LiveAirflow:
         """What another process needs to reach this deployment (``from_state``) or to stop it (``stop_state``)."""
         return {**self.init, "pids": {name: proc.pid for name, proc in self.procs.items()}}
 
+    def as_deployment(self, monkeypatch) -> None:
+        """This process acts as the deployment's own tasks do on its registry and runs: its
+        ``TAXIWAY_HOME``, and its object storage (the S3 keys, MLflow's artifact root) where it has one."""
+        monkeypatch.setenv("TAXIWAY_HOME", str(self.taxiway_home))
+        for key, value in self.init["extra_env"].items():
+            if key.startswith("AWS_") or key == "TAXIWAY_MLFLOW_ARTIFACTS":
+                monkeypatch.setenv(key, value)
+
+    @property
+    def bucket(self) -> str | None:
+        """The deployment's S3 bucket (``shared_local``'s), if it has one."""
+        artifacts = self.init["extra_env"].get("TAXIWAY_MLFLOW_ARTIFACTS", "")
+        return artifacts.removeprefix("s3://").split("/")[0] if artifacts.startswith("s3://") else None
+
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LiveAirflow:
         return cls(Path(state["root"]), metadata_uri=state["metadata_uri"], extra_env=state["extra_env"],
@@ -424,21 +438,30 @@ def _alive(pid: int) -> bool:
 
 def shared_local(tiny: Path) -> LiveAirflow:
     """The session's one LocalExecutor deployment (metadata on the session's PostgreSQL), with the tiny
-    config's corpus and ``taxiway_train`` unpaused: started by the first process that asks, under the
+    config's corpus, its landing zone and MLflow's artifacts in a bucket of the tests' S3 server
+    (``bucket``), and ``taxiway_train`` unpaused: started by the first process that asks, under the
     session's lock, and reached from every other (tests/services.py stops it when the session ends).
     Tests share it as users share one: each works in DAG runs and config files of its own."""
     import services
     from postgres import create_db, pg_uri
 
     def start(folder: Path) -> dict[str, Any]:
+        import s3_server
+
         from pipelines.demo_data import write_demo_data
 
         name = f"taxiway_live_{secrets.token_hex(6)}"
         create_db(name)
         config = folder / "configs" / "deployment.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f"extends: {tiny}\nlimits:\n  trigger_may_set: [{', '.join(SHARED_MAY_SET)}]\n")
-        live = LiveAirflow(folder, metadata_uri=pg_uri(name), extra_env={"TAXIWAY_CONFIG": str(config)}, detached=True)
+        bucket = s3_server.bucket("live")  # the deployment's object storage: the landing zone and MLflow's artifacts
+        config.write_text(f"extends: {tiny}\nlimits:\n  trigger_may_set: [{', '.join(SHARED_MAY_SET)}]\n"
+                          f"refresh:\n  landing: s3://{bucket}/landing\n")
+        home = folder / "taxiway"
+        data_roots = [str(home / name) for name in ("data", "demo-data")] + [f"s3://{bucket}"]
+        live = LiveAirflow(folder, metadata_uri=pg_uri(name), detached=True, extra_env={
+            "TAXIWAY_CONFIG": str(config), **s3_server.env(), "TAXIWAY_DATA_ROOTS": ":".join(data_roots),
+            "TAXIWAY_MLFLOW_ARTIFACTS": f"s3://{bucket}/mlartifacts"})
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         try:
             live.start()

@@ -1,7 +1,8 @@
 """A real MLflow tracking server for tests: ``mlflow server`` on a free loopback port, its backend
 store a fresh PostgreSQL database of its own (dropped afterwards), artifacts proxied by the server
-(``--serve-artifacts``) to a local folder — the shape of a production deployment, where clients
-see only ``http://``. ``stop()`` then ``start()`` restarts it on the same port and store, as a
+(``--serve-artifacts``) to a bucket of the tests' S3 API server (tests/s3_server.py) — the shape of a
+production deployment (deploy/overlays/production), where clients see only ``http://`` and only the
+server holds the object store's keys. ``stop()`` then ``start()`` restarts it on the same port and store, as a
 server restarted under its clients.
 """
 
@@ -14,12 +15,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import s3_server
 from live_airflow import BIN, answers, die_with_parent, free_port, signal_group, wait_for
 from postgres import fresh_db, pg_uri
 
 
 class MlflowServer:
-    """``uri`` is the tracking URI clients use; ``artifacts`` the folder the server stores artifacts in."""
+    """``uri`` is the tracking URI clients use; ``bucket`` the S3 bucket the server stores artifacts in
+    (under ``artifacts/``), made on first start and kept across restarts."""
 
     def __init__(self, root: Path, db: str, workers: int = 1) -> None:
         self.root = root
@@ -27,13 +30,13 @@ class MlflowServer:
         self.workers = workers
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.artifacts = root / "artifacts"
+        self.bucket: str | None = None
         self.log = root / "mlflow-server.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 120) -> MlflowServer:
-        self.artifacts.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+        self.bucket = self.bucket or s3_server.bucket("mlflow")
+        env = {**os.environ, **s3_server.env(), "PYTHONUNBUFFERED": "1",
                # the GenAI job runner (a huey consumer) is a server of its own that Taxiway never uses
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         env.pop("MLFLOW_TRACKING_URI", None)
@@ -41,7 +44,7 @@ class MlflowServer:
             self.proc = subprocess.Popen(
                 [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
                  "--workers", str(self.workers), "--backend-store-uri", pg_uri(self.db),
-                 "--serve-artifacts", "--artifacts-destination", str(self.artifacts)],
+                 "--serve-artifacts", "--artifacts-destination", f"s3://{self.bucket}/artifacts"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
                 start_new_session=True, preexec_fn=die_with_parent)
         wait_for(f"the MLflow server at {self.uri}", self._healthy, timeout_s, every_s=0.25)

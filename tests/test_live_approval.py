@@ -58,7 +58,7 @@ def hitl(run_id: str) -> str:
 
 def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, browser, shots: Path, monkeypatch):
     live = live_airflow
-    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry
+    live.as_deployment(monkeypatch)  # the live deployment's registry
     hook = webhook_receiver()
     made = live.api.post("/api/v2/connections", json={
         "connection_id": HOOK, "conn_type": "http", "host": "127.0.0.1", "port": hook.server_port, "schema": "http",

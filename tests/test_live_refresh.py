@@ -3,7 +3,8 @@ api-server as an asset event (the official ``apache-airflow-client``), the sched
 refresh run from it, and the run continues the champion into a new champion; a batch landed by
 ``taxiway_land`` (another DAG whose outlet is the landing asset) starts the next refresh, as does the
 README's REST announcement from any other system and the cron (the timetable's next run made due). With
-nothing new, a refresh run skips everything after its plan."""
+nothing new, a refresh run skips everything after its plan. The deployment's landing zone and MLflow's
+artifacts are in its S3 bucket (the tests' own S3 API server): nothing of either is on local disk."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import s3_server
 from live_airflow import wait_for
 from refresh_batches import new_files, register_champion, source
 
-from conftest import BIN, REPO, TINY, taxiway
+from conftest import BIN, REPO, taxiway
+from pipelines.refresh.landing import MARKER
 
 DAG = "taxiway_refresh"
 
@@ -33,14 +36,16 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     live = live_airflow
     live.wait_dag(DAG)
     live.unpause(DAG)
-    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry and runs
+    live.as_deployment(monkeypatch)  # the live deployment's registry, runs and object storage
     champion = register_champion(live.taxiway_home)
+    deployment = {"TAXIWAY_CONFIG": live.init["extra_env"]["TAXIWAY_CONFIG"], "TAXIWAY_HOME": str(live.taxiway_home),
+                  **s3_server.env()}  # its landing zone: s3://<bucket>/landing
 
     src = source(tmp_path / "b1", new_files(live.taxiway_home / "demo-data", 0, 24))
     landed = taxiway("land", str(src), "--batch-id", "b1", check=True, env={
-        "TAXIWAY_CONFIG": str(TINY), "TAXIWAY_HOME": str(live.taxiway_home), "TAXIWAY_AIRFLOW_URL": live.url,
-        "TAXIWAY_AIRFLOW_USERNAME": "admin", "TAXIWAY_AIRFLOW_PASSWORD": live.password})
-    assert "announced: asset event" in landed.stdout, landed.stdout
+        **deployment, "TAXIWAY_AIRFLOW_URL": live.url, "TAXIWAY_AIRFLOW_USERNAME": "admin",
+        "TAXIWAY_AIRFLOW_PASSWORD": live.password})
+    assert "announced: asset event" in landed.stdout and f"s3://{live.bucket}/landing/b1" in landed.stdout, landed.stdout
 
     def asset_run(seen: int = 0):
         runs = live.api.get(f"/api/v2/dags/{DAG}/dagRuns", params={"run_type": "asset_triggered",
@@ -58,6 +63,11 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     mv = client().get_model_version_by_alias("taxiway-tiny-gpt", "champion")  # the one live test that registers it
     assert mv.tags["taxiway.parent_model"] == champion and f"models:/{mv.name}/{mv.version}" != champion
     assert mv.tags["taxiway.refresh.batches"] == "b1" and mv.tags["airflow.dag_id"] == DAG
+    stored = s3_server.keys(live.bucket)
+    assert mv.source.startswith(f"s3://{live.bucket}/mlartifacts/"), mv.source
+    assert any(k.endswith("/model.safetensors") and mv.run_id in k for k in stored), "the model is not in the bucket"
+    assert f"landing/b1/{MARKER}" in stored and not (live.taxiway_home / "landing").exists()
+    assert not (live.taxiway_home / "mlartifacts").exists(), "artifacts were written to local disk"
     events = live.api.get("/api/v2/assets/events", params={"limit": 10}).json()["asset_events"]
     assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
     # the one attempt on record: b1, tried once against the champion it continued
@@ -85,7 +95,7 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     src = source(tmp_path / "b4", sorted((tmp_path / "b1" / "train").iterdir())[:6])
     quiet = {k: v for k, v in os.environ.items() if not k.startswith("TAXIWAY_AIRFLOW_")}
     landed = subprocess.run([str(BIN / "taxiway"), "land", str(src), "--batch-id", "b4"], capture_output=True, text=True,
-                            env={**quiet, "TAXIWAY_CONFIG": str(TINY), "TAXIWAY_HOME": str(live.taxiway_home)}, cwd=REPO)
+                            env={**quiet, **deployment}, cwd=REPO)
     assert landed.returncode == 0 and "announced" not in landed.stdout, landed.stdout + landed.stderr
     out = subprocess.run(["bash", "-euo", "pipefail", "-c", _readme_block("/api/v2/assets/events")], cwd=REPO,
                          env={**os.environ, "AIRFLOW_URL": live.url, "TOKEN": live.token()},

@@ -35,7 +35,7 @@ def test_a_sweep_over_rest_trains_its_members_side_by_side_and_registers_the_bes
     live = live_airflow
     live.wait_dag(DAG)
     live.unpause(DAG)
-    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the live deployment's registry and runs
+    live.as_deployment(monkeypatch)  # the live deployment's registry and runs
     own = settings(f"registry:\n  model_name: {MODEL}\n")  # the refresh test's champion is not ours
     # one-node gangs; 1e18, not more: PostgreSQL's jsonb turns a conf's 1e38 into an integer no task can start with
     sweep = [{"train.lr": 0.005}, {"train.lr": 0.0002, "model.n_layer": 1}, {"train.lr": 1e18}]

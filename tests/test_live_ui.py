@@ -30,7 +30,7 @@ def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, sh
     from pipelines.registry.locks import champion_lock
 
     live = live_airflow
-    monkeypatch.setenv("TAXIWAY_HOME", str(live.taxiway_home))  # the lock file beside the live run's mlflow.db
+    live.as_deployment(monkeypatch)  # the lock file beside the live run's mlflow.db
     own = settings("registry:\n  model_name: live-ui\n  lock_timeout_s: 2\n")
     with champion_lock(None, "live-ui", timeout_s=60):
         good = live.trigger(DAG, {**own, "train": {"seed": 11}})
