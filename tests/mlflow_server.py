@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -22,12 +23,15 @@ from postgres import fresh_db, pg_uri
 
 class MlflowServer:
     """``uri`` is the tracking URI clients use; ``bucket`` the S3 bucket the server stores artifacts in
-    (under ``artifacts/``), made on first start and kept across restarts."""
+    (under ``artifacts/``), made on first start and kept across restarts. With ``auth``, the server runs
+    MLflow's basic-auth app, as deploy/base/mlflow.yaml does: every request but ``/health`` needs a
+    login, ``login`` is its admin's (user, password)."""
 
-    def __init__(self, root: Path, db: str, workers: int = 1) -> None:
+    def __init__(self, root: Path, db: str, workers: int = 1, auth: bool = False) -> None:
         self.root = root
         self.db = db
         self.workers = workers
+        self.login = ("admin", secrets.token_urlsafe(12)) if auth else None
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.bucket: str | None = None
@@ -40,9 +44,17 @@ class MlflowServer:
                # the GenAI job runner (a huey consumer) is a server of its own that Taxiway never uses
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         env.pop("MLFLOW_TRACKING_URI", None)
+        app = []
+        if self.login is not None:
+            ini = self.root / "basic_auth.ini"
+            ini.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{self.root / 'auth.db'}\n"
+                           f"admin_username = {self.login[0]}\nadmin_password = {self.login[1]}\n"
+                           "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+            env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16))
+            app = ["--app-name", "basic-auth"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+                [str(BIN / "mlflow"), "server", *app, "--host", "127.0.0.1", "--port", str(self.port),
                  "--workers", str(self.workers), "--backend-store-uri", pg_uri(self.db),
                  "--serve-artifacts", "--artifacts-destination", f"s3://{self.bucket}/artifacts"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
@@ -73,11 +85,11 @@ class MlflowServer:
 
 
 @contextlib.contextmanager
-def mlflow_server(root: Path, workers: int = 1) -> Iterator[MlflowServer]:
+def mlflow_server(root: Path, workers: int = 1, auth: bool = False) -> Iterator[MlflowServer]:
     """A started server on a fresh database; stopped, and its database dropped, on exit."""
     root.mkdir(parents=True, exist_ok=True)
     with fresh_db("taxiway_mlflow") as db:
-        server = MlflowServer(root, db, workers)
+        server = MlflowServer(root, db, workers, auth)
         try:
             yield server.start()
         finally:

@@ -881,13 +881,18 @@ def test_the_auth_config_the_init_container_writes_is_what_mlflow_reads(tmp_path
     assert config.authorization_function == "mlflow.server.auth:authenticate_request_basic_auth"
 
 
+# the Airflow components that call MLflow: the workers' tasks, the "Training runs" view, and the triggerer,
+# whose training triggers ship the live curves (taxiway_airflow/triggers/gang.py log_progress)
+MLFLOW_CLIENTS = (("worker", "workers"), ("api-server", "apiServer"), ("triggerer", "triggerer"))
+
+
 def test_airflow_gets_mlflows_login_as_a_connection_from_a_secret():
     v = values()
-    for component in ("workers", "apiServer"):
+    for _, component in MLFLOW_CLIENTS:
         env = {e["name"]: e for e in v[component]["env"]}
         assert _secret_ref(env["AIRFLOW_CONN_MLFLOW_DEFAULT"]) == ("taxiway-mlflow-connection", "connection")
         assert env["TAXIWAY_MLFLOW_LOGIN_CONN_ID"]["value"] == "mlflow_default"
-    everywhere = [e["name"] for e in v["env"]] + [e["name"] for c in ("workers", "apiServer") for e in v[c]["env"]]
+    everywhere = [e["name"] for e in v["env"]] + [e["name"] for _, c in MLFLOW_CLIENTS for e in v[c]["env"]]
     assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"} & set(everywhere)
     from taxiway_airflow import mlflow_connection
 
@@ -943,10 +948,10 @@ def test_network_policy_guards_the_mlflow_server_port():
         assert all("ipBlock" not in peer and "namespaceSelector" not in peer for peer in rule["from"])
 
 
-def test_network_policy_admits_the_airflow_workers_and_api_server_only():
-    assert admitted(chart_pod_labels("worker", "workers"))
-    assert admitted(chart_pod_labels("api-server", "apiServer"))  # the "Training runs" view's MLflow lookups
-    for component, key in (("scheduler", "scheduler"), ("triggerer", "triggerer"), ("dag-processor", "dagProcessor")):
+def test_network_policy_admits_the_components_that_call_mlflow_only():
+    for component, key in MLFLOW_CLIENTS:
+        assert admitted(chart_pod_labels(component, key)), component
+    for component, key in (("scheduler", "scheduler"), ("dag-processor", "dagProcessor")):
         assert not admitted(chart_pod_labels(component, key)), component
     # the selector can fail: the chart's labels alone are not enough
     assert not admitted({"tier": "airflow", "component": "worker", "release": RELEASE})

@@ -9,6 +9,8 @@ DNS, GPUs, NCCL): docs/deploy.md.
 - a pod killed mid-training fails the Job (``backoffLimit: 0``); the task's retry starts the next
   gang, which resumes from the newest valid checkpoint; the run registers the same model, loss curve
   for loss curve, as the local launcher on the same config and seed;
+- MLflow is a server that needs a login, given to the workers and the triggerer as the connection
+  ``mlflow_default`` (as deploy/airflow-values.yaml does): the loss curve is there while the gang trains;
 - a pod cut off from the others (its veth down) hangs every rank: the trigger sees the stall on
   ``status.json``, deletes the Job, and the retry restarts the gang; the worker holding that retry
   is lost before it defers: the next try re-attaches to the running Job (no third Job); the user
@@ -33,6 +35,7 @@ import pytest
 from fake_kube import FakeKube
 from live_airflow import LiveAirflow, wait_for
 from live_training import task_process
+from mlflow_server import mlflow_server
 from postgres import fresh_db, pg_uri
 
 from conftest import taxiway
@@ -83,9 +86,15 @@ def cluster(tmp_path_factory):
     kube = FakeKube(root / "kube", volumes={"taxiway-home": folder / "taxiway"},
                     image_env={"TAXIWAY_TEST_SLOW_RANK": "1:0.1"})
     config = folder / "configs" / "kube.yaml"
-    with fresh_db("taxiway_k8s") as metadata:
+    with fresh_db("taxiway_k8s") as metadata, mlflow_server(root / "mlflow", auth=True) as tracking:
+        user, password = tracking.login
         live = LiveAirflow(folder, metadata_uri=pg_uri(metadata), extra_env={
             "TAXIWAY_LAUNCHER": "kubernetes", "TAXIWAY_CONFIG": str(config),
+            # MLflow as deployed: a server that needs a login, given as the connection mlflow_default
+            # (deploy/airflow-values.yaml) to the workers and to the triggerer, which ships the curves
+            "MLFLOW_TRACKING_URI": tracking.uri, "TAXIWAY_MLFLOW_LOGIN_CONN_ID": "mlflow_default",
+            "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "mlflow", "host": tracking.uri, "login": user,
+                                                       "password": password}),
             "AIRFLOW_CONN_TAXIWAY_KUBE": json.dumps({"conn_type": "kubernetes", "extra": {
                 "kube_config_path": str(kube.kubeconfig(root / "kubeconfig"))}}),
             # a lost worker is noticed by its task's missing heartbeats: soon, not after 5 min
@@ -94,7 +103,7 @@ def cluster(tmp_path_factory):
         config.parent.mkdir(parents=True)
         config.write_text(f"extends: {Path(__file__).parents[1] / 'configs' / 'tiny.yaml'}\n{_config(live.taxiway_home)}")
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
-        live.kube, live.config = kube, config
+        live.kube, live.config, live.tracking = kube, config, tracking
         try:
             with live.serving(DAG):
                 yield live
@@ -203,6 +212,28 @@ def test_a_dag_run_on_pods_that_really_run_survives_a_killed_pod_and_matches_the
     assert _close(*scores), scores
 
 
+def _live_curve(live: LiveAirflow, run_id: str, min_points: int, monkeypatch) -> list:
+    """The run's loss curve in the deployment's MLflow (logged in as its admin) once it has ``min_points``."""
+    from mlflow import MlflowClient
+
+    from pipelines.registry.runs import RUN_KEY_TAG
+    from pipelines.run_folder import run_key
+
+    user, password = live.tracking.login
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    c = MlflowClient(live.tracking.uri)
+
+    def curve() -> list | None:
+        runs = c.search_runs([e.experiment_id for e in c.search_experiments()],
+                             f"tags.`{RUN_KEY_TAG}` = '{run_key(DAG, run_id)}'")
+        points = c.get_metric_history(runs[0].info.run_id, "loss") if runs else []
+        return points if len(points) >= min_points else None
+
+    return wait_for(f"{min_points} points of the loss curve in MLflow", curve, 60, every_s=1,
+                    explain=lambda: (live.task_log(DAG, run_id, GANG, 1) or "")[-2000:])
+
+
 def _close(a: Any, b: Any) -> bool:
     """Equal structures whose numbers agree to float tolerance."""
     if isinstance(a, dict):
@@ -214,7 +245,7 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
-def test_a_cut_pod_is_a_stall_a_lost_worker_reattaches_and_a_cancel_deletes_the_job(cluster):
+def test_a_cut_pod_is_a_stall_a_lost_worker_reattaches_and_a_cancel_deletes_the_job(cluster, monkeypatch):
     live, kube = cluster, cluster.kube
     run_id, run_dir = _trigger(live, {"train": {"steps": 100000}, "checkpoint": {"every_steps": 5}})
     job_1, service = k8s.names(run_id, 1)
@@ -222,6 +253,11 @@ def test_a_cut_pod_is_a_stall_a_lost_worker_reattaches_and_a_cancel_deletes_the_
 
     # 1. pod 1's node loses its network: every rank hangs in its collective, nothing exits
     pods = _training(live, run_id, run_dir, job_1, 7)
+    # 0. the loss curve reaches MLflow while the gang trains: the triggerer ships it, logged in
+    curve = _live_curve(live, run_id, min_points=5, monkeypatch=monkeypatch)
+    gang = live.task_instance(DAG, run_id, GANG)  # still training, still the first try's trigger: it shipped them
+    assert _status(run_dir)["state"] == "running" and (gang["state"], gang["try_number"]) == ("deferred", 1), gang
+    assert sorted(m.step for m in curve)[-1] <= _status(run_dir)["step"], curve
     cut_at = time.monotonic()
     kube.cut(pods[1]["metadata"]["name"])
 

@@ -99,3 +99,40 @@ def test_the_host_is_a_url_or_a_name_with_schema_and_port(monkeypatch: pytest.Mo
     give_connection(monkeypatch, **fields)
     assert mlflow_connection.apply() is True
     assert client_settings() == (uri, None, None)
+
+
+def _refusal(status: int):
+    """The error MLflow's client raises for a response of ``status`` (its own verify_rest_response)."""
+    import requests
+    from mlflow.utils.rest_utils import verify_rest_response
+
+    response = requests.models.Response()
+    response.status_code, response._content = status, b"You are not authenticated. Please see docs for login."
+    try:
+        verify_rest_response(response, "/api/2.0/mlflow/runs/log-batch")
+    except Exception as exc:  # noqa: BLE001 - whatever MLflow raises is what the trigger sees
+        return exc
+    raise AssertionError(f"MLflow accepted a {status}")
+
+
+def test_the_triggerer_ships_metrics_logged_in_and_says_why_it_could_not(monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture):
+    """The triggerer runs no task listener: a trigger's report applies the connection itself. A report
+    MLflow refuses (401) is an error naming the fix; one that may pass (the server away) a warning."""
+    import asyncio
+
+    from taxiway_airflow.triggers.gang import log_progress
+
+    password = secrets.token_urlsafe(16)
+    give_connection(monkeypatch, host="http://mlflow:5000", login="taxiway", password=password)
+    log = logging.getLogger("test.trigger")
+    seen = []
+    with caplog.at_level(logging.INFO, logger="test.trigger"):
+        asyncio.run(log_progress(log, lambda: seen.append(client_settings()) or "step 7"))
+        for exc in (_refusal(401), _refusal(403), ConnectionError("Connection refused")):
+            asyncio.run(log_progress(log, lambda exc=exc: (_ for _ in ()).throw(exc)))
+    assert seen == [("http://mlflow:5000", "taxiway", password)]
+    assert [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records] == [
+        ("INFO", "step 7"), ("ERROR", "MLflow refused the live metrics"), ("ERROR", "MLflow refused the live metrics"),
+        ("WARNING", "could not ship the live metrics to MLflow yet")]
+    assert "TAXIWAY_MLFLOW_LOGIN_CONN_ID" in caplog.records[1].getMessage() and password not in caplog.text

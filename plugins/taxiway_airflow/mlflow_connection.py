@@ -31,9 +31,10 @@ CONNECTION_ID = MlflowHook.default_conn_name  # the name deploy/airflow-values.y
 CONNECTION_ENV = "TAXIWAY_MLFLOW_LOGIN_CONN_ID"
 
 
-def apply() -> bool:
+def apply(quiet: bool = False) -> bool:
     """Set MLflow's tracking env vars from the connection named by ``TAXIWAY_MLFLOW_LOGIN_CONN_ID``;
-    False (env untouched) when none is named or it does not exist."""
+    False (env untouched) when none is named or it does not exist. ``quiet``: no log line (the
+    triggerer applies it before each metrics report)."""
     conn_id = os.environ.get(CONNECTION_ENV)
     if not conn_id:
         return False
@@ -43,7 +44,8 @@ def apply() -> bool:
         return False
     given = client_env(conn)
     os.environ.update(given)
-    log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id, ", ".join(given) or "none")
+    if not quiet:
+        log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id, ", ".join(given) or "none")
     return True
 
 

@@ -11,6 +11,7 @@ gang is stopped here, before the event fires.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from airflow.configuration import conf
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pipelines.stages import train as train_stage
+from taxiway_airflow import mlflow_connection
 
 # Airflow 3.3 fails a resumed task if its trigger fires before the scheduler has drained the
 # executor's "success" for the try that deferred (apache/airflow#72716, #71580; fixes not yet
@@ -34,14 +36,35 @@ def min_event_delay_s() -> float:
     return conf.getfloat("taxiway", "min_event_delay_s", fallback=MIN_EVENT_DELAY_S)
 
 
+def _ship(report: Callable[[], str | None]) -> str | None:
+    """``report`` logged in to MLflow as the deployment's tasks are: the task listener that applies the
+    connection (taxiway_airflow/mlflow_connection.py) never runs in the triggerer, so it is applied here."""
+    mlflow_connection.apply(quiet=True)
+    return report()
+
+
+def refused(exc: Exception) -> bool:
+    """MLflow said no to the caller (401/403: no login, or a user without the permission), which
+    trying again will not mend; anything else (the server away, a timeout) may pass."""
+    code = getattr(exc, "error_code", "")
+    return code in ("UNAUTHENTICATED", "PERMISSION_DENIED") or re.search(r"error code (401|403)\b", str(exc)) is not None
+
+
 async def log_progress(log: Any, report: Callable[[], str | None]) -> None:
     """Run ``report`` (ship new metric lines to MLflow, return the progress line) off the event loop and
-    log its line; never fails the watch: with the tracking server away the lines stay unshipped and
-    go next time."""
+    log its line. A failure never fails the watch (the lines stay in ``metrics.jsonl``, go next time,
+    and registration logs any left), but it is said every time: an error naming the fix where MLflow
+    refused the triggerer, a warning where it may pass."""
     try:
-        line = await asyncio.to_thread(report)
+        line = await asyncio.to_thread(_ship, report)
     except Exception as exc:
-        log.warning("could not report progress yet: %s", exc)
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+        if refused(exc):
+            log.error("MLflow refused the live metrics (%s): the triggerer needs MLflow's login, the connection "
+                      "named by TAXIWAY_MLFLOW_LOGIN_CONN_ID (docs/deploy.md); until then the curves reach MLflow "
+                      "only at registration", why)
+        else:
+            log.warning("could not ship the live metrics to MLflow yet (%s); they go with the next report", why)
         return
     if line:
         log.info("%s", line)
