@@ -67,8 +67,9 @@ def _fixed(pattern: str) -> str:
 
 
 def _env_list(name: str) -> list[str]:
-    """``$name`` split at ``os.pathsep`` (``:``), but not at the ``:`` of a URI's ``://`` or a ``::`` chain."""
-    return [p for p in re.split(r"(?<!:):(?!//|:)", os.environ.get(name, "")) if p.strip()]
+    """``$name`` split at ``os.pathsep`` (``:``) where a new entry starts (an absolute path, or a URI's
+    scheme), so a URI's ``://``, its ``host:port`` and a ``::`` chain stay whole."""
+    return [p for p in re.split(r"(?<!:):(?=/(?!/)|[A-Za-z][\w+.-]*:(?://|:))", os.environ.get(name, "")) if p.strip()]
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,11 @@ def test_data_paths_only_under_the_data_roots(roots: Roots, tmp_path: Path):
 
 
 def test_data_roots_from_the_environment_keep_their_uris(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """TAXIWAY_DATA_ROOTS is split at os.pathsep, but not inside a URI's ``://`` or a ``::`` chain."""
-    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{tmp_path}/a:s3://bucket/landing/:{tmp_path}/b:simplecache::s3://c/d")
-    assert Roots.from_env().data == (f"{tmp_path}/a", "s3://bucket/landing", f"{tmp_path}/b", "simplecache::s3://c/d")
+    """TAXIWAY_DATA_ROOTS is split at os.pathsep, but not inside a URI's ``://``, its port or a ``::`` chain."""
+    monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{tmp_path}/a:s3://bucket/landing/:{tmp_path}/b:simplecache::s3://c/d"
+                       ":https://minio:9000/data")
+    assert Roots.from_env().data == (f"{tmp_path}/a", "s3://bucket/landing", f"{tmp_path}/b", "simplecache::s3://c/d",
+                                     "https://minio:9000/data")
 
 
 def test_data_globs_and_folders_are_checked_file_by_file(roots: Roots, tmp_path: Path):
