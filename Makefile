@@ -98,8 +98,8 @@ lint: $(STAMP)
 airflow: $(AIRFLOW_DB) $(DEMO_DATA)
 	$(BIN)/airflow standalone
 
-# The production shape by hand (docs/deploy.md): PostgreSQL + CeleryExecutor + Redis + MLflow server.
-prod-local: $(STAMP)
+# The production shape by hand (docs/deploy.md, "Start the same shape by hand")
+prod-local: $(STAMP) services
 	$(BIN)/python deploy/prod_local.py
 
 mlflow-ui: $(STAMP)

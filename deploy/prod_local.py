@@ -1,11 +1,5 @@
-"""`make prod-local`: the production shape on this machine, by hand — the same processes
-tests/test_live_celery.py starts: Airflow on a fresh PostgreSQL database with the CeleryExecutor
-(Redis broker, two Celery workers), scheduler, dag-processor, triggerer and api-server, and an MLflow
-tracking server on its own PostgreSQL database with proxied artifacts. Prints the URLs and the admin
-password, runs until Ctrl-C, then stops every process and drops both databases.
-
-Starts its own PostgreSQL and Redis on free ports (tests/services.py; `make services` installs them).
-"""
+"""`make prod-local`: the production shape on this machine, by hand (what it starts, and how to use
+it: docs/deploy.md, "Start the same shape by hand"). Runs until Ctrl-C, then stops everything."""
 
 from __future__ import annotations
 
