@@ -121,6 +121,8 @@ def test_the_triggerer_ships_metrics_logged_in_and_says_why_it_could_not(monkeyp
     MLflow refuses (401) is an error naming the fix; one that may pass (the server away) a warning."""
     import asyncio
 
+    from airflow.sdk.exceptions import AirflowSecretsBackendAccessDenied
+
     from taxiway_airflow.triggers.gang import log_progress
 
     password = secrets.token_urlsafe(16)
@@ -129,10 +131,20 @@ def test_the_triggerer_ships_metrics_logged_in_and_says_why_it_could_not(monkeyp
     seen = []
     with caplog.at_level(logging.INFO, logger="test.trigger"):
         asyncio.run(log_progress(log, lambda: seen.append(client_settings()) or "step 7"))
-        for exc in (_refusal(401), _refusal(403), ConnectionError("Connection refused")):
+        for exc in (_refusal(401), _refusal(403), AirflowSecretsBackendAccessDenied("mlflow_default"),
+                    ConnectionError("Connection refused")):
             asyncio.run(log_progress(log, lambda exc=exc: (_ for _ in ()).throw(exc)))
     assert seen == [("http://mlflow:5000", "taxiway", password)]
     assert [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records] == [
-        ("INFO", "step 7"), ("ERROR", "MLflow refused the live metrics"), ("ERROR", "MLflow refused the live metrics"),
-        ("WARNING", "could not ship the live metrics to MLflow yet")]
+        ("INFO", "step 7"), *[("ERROR", "MLflow refused the live metrics")] * 3, ("WARNING", "could not ship the live metrics to MLflow yet")]
     assert "TAXIWAY_MLFLOW_LOGIN_CONN_ID" in caplog.records[1].getMessage() and password not in caplog.text
+
+
+def test_a_login_the_connection_no_longer_gives_is_dropped(monkeypatch: pytest.MonkeyPatch):
+    """The triggerer applies the connection for as long as it lives: a password removed from the
+    connection must not stay in its environment from an earlier report."""
+    give_connection(monkeypatch, host="http://mlflow:5000", login="taxiway", password="old-password-1234")
+    mlflow_connection.apply(quiet=True)
+    give_connection(monkeypatch, host="http://mlflow:5000")
+    mlflow_connection.apply(quiet=True)
+    assert client_settings() == ("http://mlflow:5000", None, None)

@@ -43,6 +43,9 @@ def apply(quiet: bool = False) -> bool:
     except AirflowNotFoundException:
         return False
     given = client_env(conn)
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        if name not in given:  # a login the connection no longer gives (the triggerer's process lives on)
+            os.environ.pop(name, None)
     os.environ.update(given)
     if not quiet:
         log.info("MLflow tracking settings from the Airflow connection %s: %s", conn_id, ", ".join(given) or "none")

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from airflow.configuration import conf
+from airflow.sdk.exceptions import AirflowSecretsBackendAccessDenied
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pipelines.stages import train as train_stage
@@ -44,8 +45,10 @@ def _ship(report: Callable[[], str | None]) -> str | None:
 
 
 def refused(exc: Exception) -> bool:
-    """MLflow said no to the caller (401/403: no login, or a user without the permission), which
-    trying again will not mend; anything else (the server away, a timeout) may pass."""
+    """MLflow said no to the caller (401/403: no login, or a user without the permission), or Airflow
+    refused the lookup of its connection: trying again will not mend it; anything else (the server away, a timeout) may pass."""
+    if isinstance(exc, AirflowSecretsBackendAccessDenied):  # Airflow refused the connection lookup itself
+        return True
     code = getattr(exc, "error_code", "")
     return code in ("UNAUTHENTICATED", "PERMISSION_DENIED") or re.search(r"error code (401|403)\b", str(exc)) is not None
 
