@@ -70,7 +70,10 @@ def exit_codes(kube: FakeKube, name: str) -> list[int]:
 def test_pods_run_their_command_in_a_network_host_and_environment_of_their_own(kube: FakeKube, tmp_path: Path,
                                                                                 monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TAXIWAY_PLANTED", "from the test's own environment")
-    create(kube, job("meet", 'echo "$ME|$(hostname)|$PWD|$(getent hosts meet-0.svc meet-1.svc | tr "\\n" " ")|'
+    # a pod's name resolves once that pod has its address: the other may not have one yet when this one
+    # starts (as on a cluster: the trainer's rendezvous retries), so each waits until both names resolve
+    create(kube, job("meet", 'until [ "$(getent hosts meet-0.svc meet-1.svc | wc -l)" = 2 ]; do sleep 0.1; done; '
+                             'echo "$ME|$(hostname)|$PWD|$(getent hosts meet-0.svc meet-1.svc | tr "\\n" " ")|'
                              '${TAXIWAY_PLANTED:-none}|$(df -k /dev/shm | tail -1)" > out-$INDEX; sleep 1'))
     assert wait_for("the Job to finish", lambda: finished(kube, "meet"), 60, every_s=0.1) == [
         ("SuccessCriteriaMet", "CompletionsReached"), ("Complete", "CompletionsReached")]
