@@ -67,9 +67,9 @@ def _fixed(pattern: str) -> str:
 
 
 def _env_list(name: str) -> list[str]:
-    """``$name`` split at ``os.pathsep`` (``:``) where a new entry starts (an absolute path, or a URI's
-    scheme), so a URI's ``://``, its ``host:port`` and a ``::`` chain stay whole."""
-    return [p for p in re.split(r"(?<!:):(?=/(?!/)|[A-Za-z][\w+.-]*:(?://|:))", os.environ.get(name, "")) if p.strip()]
+    """``$name`` split at each ``os.pathsep`` (``:``) but those inside a URI: its ``://``, its ``host:port``
+    and a ``::`` chain stay whole, and any other entry (a relative folder included) is one of its own."""
+    return [p for p in re.split(r"(?<!:):(?!:|//|\d+(?:[/:]|$))", os.environ.get(name, "")) if p.strip()]
 
 
 @dataclass(frozen=True)

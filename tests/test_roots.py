@@ -75,11 +75,15 @@ def test_data_paths_only_under_the_data_roots(roots: Roots, tmp_path: Path):
 
 
 def test_data_roots_from_the_environment_keep_their_uris(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """TAXIWAY_DATA_ROOTS is split at os.pathsep, but not inside a URI's ``://``, its port or a ``::`` chain."""
+    """TAXIWAY_DATA_ROOTS is split at os.pathsep, but not inside a URI's ``://``, its port or a ``::`` chain;
+    a relative entry after a ``:`` is an entry of its own (TAXIWAY_CONFIG_ROOTS is split the same way)."""
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TAXIWAY_DATA_ROOTS", f"{tmp_path}/a:s3://bucket/landing/:{tmp_path}/b:simplecache::s3://c/d"
-                       ":https://minio:9000/data")
+                       f":https://minio:9000/data:rel:s3://e:{tmp_path}/f:")
     assert Roots.from_env().data == (f"{tmp_path}/a", "s3://bucket/landing", f"{tmp_path}/b", "simplecache::s3://c/d",
-                                     "https://minio:9000/data")
+                                     "https://minio:9000/data", f"{tmp_path}/rel", "s3://e", f"{tmp_path}/f")
+    monkeypatch.setenv("TAXIWAY_CONFIG_ROOTS", f"{tmp_path}/x:configs")
+    assert Roots.from_env().configs[:2] == (tmp_path / "x", tmp_path / "configs")
 
 
 def test_data_globs_and_folders_are_checked_file_by_file(roots: Roots, tmp_path: Path):
