@@ -29,7 +29,6 @@ with DAG(
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=4,
     default_args=failure_summary.CALLBACKS,  # every task: a failure summary in folder, log and note
     on_failure_callback=failure_summary.dag_failed,
     params=build_params(),

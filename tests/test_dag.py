@@ -15,12 +15,16 @@ HEAVY = ("torch", "mlflow", "great_expectations", "datasketch", "tokenizers", "m
 
 
 def test_dag_folder_has_no_import_errors():
+    from airflow.configuration import conf
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags.get("taxiway_train")
     assert dag is not None and dag.schedule is None
+    # how many runs are active at once is the deployment's [core] max_active_runs_per_dag: runs waiting
+    # for approval hold their place, and a cap of the DAG's own queued every later run behind them
+    assert dag.max_active_runs == conf.getint("core", "max_active_runs_per_dag")
     groups = [t.task_id.split(".")[0] for t in dag.topological_sort()]
     order = [g for i, g in enumerate(groups) if g not in groups[:i]]
     assert order == ["resolve_config", "preflight", "tokenize", "train", "evaluate", "register"]

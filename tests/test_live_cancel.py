@@ -60,9 +60,10 @@ class Scenario:
 
     def explain(self) -> str:
         """The task's state and the end of this try's log file as the worker wrote it."""
-        ti = self.ti()
+        ti, run = self.ti(), self.live.api.get(f"/api/v2/dags/{DAG}/dagRuns/{self.run_id}").json()
         log = self.live.task_log(DAG, self.run_id, GANG, ti["try_number"]) or "(no log file)"
-        return f"gang task is {ti['state']} (try {ti['try_number']}); its log ends:\n{log[-4000:]}"
+        return (f"the run is {run.get('state')}, its gang task {ti['state']} (try {ti['try_number']}); "
+                f"its log ends:\n{log[-4000:]}")
 
     def next_gang(self, phase: str) -> tuple[local.Handle, int, int | None]:
         """Wait for the next launch; for ``running`` freeze the task process before it defers."""
