@@ -51,7 +51,8 @@ def launch(cfg, packed: Path, run_dir: Path):
     from pipelines.launch import local
     from pipelines.launch.spec import launch_spec, write_trainer_spec
 
-    handle = local.submit(launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed)))
+    write_trainer_spec(cfg, run_dir, packed)
+    handle = local.submit(launch_spec(cfg, run_dir))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

@@ -24,6 +24,8 @@ from pipelines.config import RunConfig, load_config
 from pipelines.demo_data import write_demo_data
 from pipelines.errors import BadInput, CheckFailed, kind_of
 from pipelines.heap import set_policy
+from pipelines.launch import k8s
+from pipelines.launch.spec import launch_spec
 from pipelines.refresh import announce
 from pipelines.refresh import landing as zone
 from pipelines.refresh.plan import RefreshPlan
@@ -210,7 +212,7 @@ def render_k8s(config: ConfigOpt, set: SetOpt = None,
     cfg = load_config(config, [*(set or []), *([f"compute.nodes={nodes}"] if nodes else [])])
     run_id = run_id or f"{cfg.name}-{cfg.sha256()[:12]}"
     pod_run_dir = run_folder.named_run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
-    gang = stages.train.render_kubernetes(cfg, pod_run_dir, run_id, try_number)
+    gang = k8s.render(launch_spec(cfg, pod_run_dir, run_id, try_number), cfg.compute.kubernetes)
     typer.echo(gang.to_yaml(), nl=False)
 
 

@@ -36,7 +36,21 @@ import kubernetes_validate
 import pytest
 import yaml
 from fake_kube import FakeKube
-from test_k8s import RUN_ID, VERSIONS, _context, _first_event, _Store, fake_kube, k8s_run, kube_connection  # noqa: F401
+from test_k8s import (  # noqa: F401
+    COMMAND,
+    RUN_ID,
+    VERSIONS,
+    _context,
+    _first_event,
+    _Store,
+    fake_kube,
+    k8s_run,
+    kube_connection,
+    launch,
+)
+from test_k8s import (
+    render as render_gang,
+)
 
 from conftest import REPO
 from pipelines.launch import k8s
@@ -350,7 +364,7 @@ def test_rbac_is_namespaced_bound_to_the_launcher_and_never_wildcard():
     accounts = {sa["metadata"]["name"]: sa for sa in of_kind("ServiceAccount")}
     assert LAUNCHER_SA in accounts
     # the trainer pods' account exists and has no token: the trainer never talks to the API
-    trainer_sa = k8s.render(_k8s_config(), run_id=RUN_ID, try_number=1, command=["-m", "trainer"]).pod_spec[
+    trainer_sa = render_gang(_k8s_config()).pod_spec[
         "serviceAccountName"]
     assert accounts[trainer_sa].get("automountServiceAccountToken") is False
     # and the Airflow components that launch run as the bound account
@@ -965,9 +979,9 @@ def test_network_policy_keeps_the_training_pods_out(kube_connection: str):  # no
     from taxiway_airflow.operators.kubernetes import GangJob
 
     cfg = _k8s_config(f"compute.kubernetes.connection_id={kube_connection}")
-    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=["-m", "trainer", "--spec", "/taxiway/s"])
+    gang = render_gang(cfg)
     op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
-    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    op.adopt(gang, launch(cfg), cfg.compute.kubernetes.connection_id)
     job = ApiClient().sanitize_for_serialization(op.build_job_request_obj(None))
     pod_labels = job["spec"]["template"]["metadata"]["labels"]
     assert pod_labels.items() >= gang.job["spec"]["template"]["metadata"]["labels"].items()
@@ -1051,10 +1065,10 @@ def test_dockerfiles_default_to_the_real_sources():
 
 def test_training_pods_call_torchrun_themselves():
     """The trainer image's entrypoint is ``python -m trainer``; the pods must not rely on it."""
-    gang = k8s.render(_k8s_config(), run_id=RUN_ID, try_number=1, command=["-m", "trainer", "--spec", "/taxiway/s"])
+    gang = render_gang(_k8s_config())
     (container,) = gang.pod_spec["containers"]
     assert container["command"] == ["torchrun"]
-    assert container["args"][-4:] == ["-m", "trainer", "--spec", "/taxiway/s"]
+    assert container["args"][-4:] == COMMAND
     assert gang.pod_spec["securityContext"]["runAsUser"] == 10001
     assert "USER 10001" in dockerfile("trainer")
 

@@ -35,7 +35,8 @@ def packed(tmp_path_factory):
 
 def _launch(packed, run_dir: Path) -> local.Handle:
     cfg, path = packed
-    return local.submit(launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, path)))
+    write_trainer_spec(cfg, run_dir, path)
+    return local.submit(launch_spec(cfg, run_dir))
 
 
 def _wait_step(run_dir: Path, handle: local.Handle, step: int, timeout_s: float = 90) -> dict:

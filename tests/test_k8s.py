@@ -11,13 +11,15 @@ that validates what it receives against the strict schema and runs the pods it i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
@@ -28,8 +30,10 @@ from live_airflow import wait_for
 from trainer_corpus import write_corpus
 
 from conftest import REPO, TINY, as_deployment, in_task, taxiway
-from pipelines.config import ConfigError, load_config
+from pipelines import run_folder
+from pipelines.config import ConfigError, RunConfig, load_config
 from pipelines.launch import k8s
+from pipelines.launch.spec import LaunchSpec, launch_spec
 
 VERSIONS = ("1.28", kubernetes_validate.latest_version())
 DIGEST = "registry.example.com/taxiway-trainer@sha256:" + "0123456789abcdef" * 4
@@ -58,6 +62,16 @@ def config(nodes: int, gpus: bool, *more: str):
     return load_config(TINY, [*BASE, f"compute.nodes={nodes}", *(GPU if gpus else []), *more])
 
 
+def launch(cfg: RunConfig, run_id: str = RUN_ID, try_number: int = 1) -> LaunchSpec:
+    """The launch of ``run_id``'s try, its run folder where the pods see it (``COMMAND``'s)."""
+    run_dir = run_folder.named_run_dir(run_id, home=PurePosixPath(cfg.compute.kubernetes.mount_path))
+    return launch_spec(cfg, Path(run_dir), run_id, try_number)
+
+
+def render(cfg: RunConfig, run_id: str = RUN_ID, try_number: int = 1) -> k8s.Gang:
+    return k8s.render(launch(cfg, run_id, try_number), cfg.compute.kubernetes)
+
+
 def validate(obj: dict[str, Any]) -> None:
     for version in VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -74,7 +88,7 @@ def assert_valid_label(key: str, value: str) -> None:
 @pytest.mark.parametrize("nodes,gpus", CASES)
 def test_objects_are_valid_and_carry_the_spec(nodes: int, gpus: bool):
     cfg = config(nodes, gpus)
-    gang = k8s.render(cfg, run_id=RUN_ID, try_number=3, command=COMMAND)
+    gang = render(cfg, RUN_ID, 3)
     for obj in gang.documents():
         validate(obj)
         for key, value in obj["metadata"]["labels"].items():
@@ -138,7 +152,7 @@ def test_objects_are_valid_and_carry_the_spec(nodes: int, gpus: bool):
 
 def test_secrets_only_by_reference():
     """Credentials arrive as secretKeyRef / envFrom.secretRef; no plain env var looks like a secret."""
-    gang = k8s.render(config(2, True), run_id=RUN_ID, try_number=1, command=COMMAND)
+    gang = render(config(2, True), RUN_ID, 1)
     env = gang.pod_spec["containers"][0]["env"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs == {"AWS_ACCESS_KEY_ID": {"name": "object-store", "key": "access-key-id"},
@@ -151,7 +165,7 @@ def test_secrets_only_by_reference():
 
 def test_strict_validation_catches_a_misplaced_field():
     """The schema check is real: an unknown field, or a field at the wrong level, fails it."""
-    gang = k8s.render(config(2, False), run_id=RUN_ID, try_number=1, command=COMMAND)
+    gang = render(config(2, False), RUN_ID, 1)
     bad = copy.deepcopy(gang.job)
     bad["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "1Gi"
     with pytest.raises(kubernetes_validate.ValidationError, match="shmSize"):
@@ -199,7 +213,7 @@ def test_refusals_name_the_field(sets: list[str], field: str, reason: str):
 def test_render_refuses_an_incomplete_config():
     cfg = load_config(TINY)  # launcher local: no image, no volume yet
     with pytest.raises(ConfigError) as err:
-        k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+        render(cfg, RUN_ID, 1)
     assert set(err.value.errors) == {"compute.kubernetes.image", "compute.kubernetes.volume_claim"}
 
 
@@ -214,7 +228,7 @@ def test_names_and_labels_are_valid_for_any_run_id(run_id: str):
         job, svc = k8s.names(run_id, try_number)
         assert DNS1035_LABEL.match(svc) and len(svc) <= 63
         assert DNS1123_LABEL.match(job) and len(f"{job}-9999") <= 63
-    gang = k8s.render(config(8, False), run_id=run_id, try_number=1, command=COMMAND)
+    gang = render(config(8, False), run_id, 1)
     validate(gang.job)
 
 
@@ -226,7 +240,7 @@ def test_distinct_run_ids_get_distinct_names():
 
 def test_yaml_is_what_kubectl_reads():
     """Multi-document, Service first, no YAML aliases; loads back to the same objects."""
-    gang = k8s.render(config(2, True), run_id=RUN_ID, try_number=1, command=COMMAND)
+    gang = render(config(2, True), RUN_ID, 1)
     text = gang.to_yaml()
     assert "&id" not in text and "*id" not in text
     assert list(yaml.safe_load_all(text)) == gang.documents()
@@ -250,7 +264,7 @@ def test_render_k8s_cli(home: Path):
 def test_shipped_kubernetes_config_renders(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TAXIWAY_TRAINER_IMAGE", DIGEST)
     cfg = load_config(REPO / "configs" / "kubernetes.yaml")
-    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+    gang = render(cfg, RUN_ID, 1)
     for obj in gang.documents():
         validate(obj)
     monkeypatch.setenv("TAXIWAY_TRAINER_IMAGE", "registry.example.com/taxiway-trainer:0a1b2c3")
@@ -296,9 +310,9 @@ def test_provider_builds_the_rendered_job(nodes: int, gpus: bool, kube_connectio
     from taxiway_airflow.operators.kubernetes import GangJob
 
     cfg = config(nodes, gpus, f"compute.kubernetes.connection_id={kube_connection}")
-    gang = k8s.render(cfg, run_id=RUN_ID, try_number=2, command=COMMAND)
+    gang = render(cfg, RUN_ID, 2)
     op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
-    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    op.adopt(gang, launch(cfg, RUN_ID, 2), cfg.compute.kubernetes.connection_id)
     built = ApiClient().sanitize_for_serialization(op.build_job_request_obj(None))
     validate(built)
     assert built["metadata"]["name"] == gang.job_name  # so <job>-0.<service> resolves
@@ -315,9 +329,9 @@ def test_provider_dry_run_prints_the_pod(kube_connection: str, capsys: pytest.Ca
     from taxiway_airflow.operators.kubernetes import GangJob
 
     cfg = config(2, True, f"compute.kubernetes.connection_id={kube_connection}")
-    gang = k8s.render(cfg, run_id=RUN_ID, try_number=1, command=COMMAND)
+    gang = render(cfg, RUN_ID, 1)
     op = GangJob(task_id="gang", run={"run_dir": "/taxiway/runs/x"})
-    op.adopt(gang, cfg.compute.kubernetes.connection_id)
+    op.adopt(gang, launch(cfg), cfg.compute.kubernetes.connection_id)
     op.dry_run()
     out = capsys.readouterr().out
     printed = yaml.safe_load(out[out.index("api_version: v1"):])  # after the operator's own log lines
@@ -347,7 +361,7 @@ def test_trigger_round_trips_through_serialization():
 def test_run_folder_must_be_on_the_pods_volume(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from pipelines import stages
     from pipelines.errors import BadInput
-    from taxiway_airflow.tasks.kubernetes import render_for_run
+    from taxiway_airflow.tasks.kubernetes import launch_for_run
 
     cases = ((["compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}"], None),
              (["compute.launcher=kubernetes"], "not under compute.kubernetes.mount_path"),  # mount_path /taxiway
@@ -358,11 +372,12 @@ def test_run_folder_must_be_on_the_pods_volume(home: Path, tmp_path: Path, monke
         with in_task("taxiway_train", f"r{i}") as run_dir:
             stages.prepare.prepare(cfg, run_dir)
             if why is None:
-                _, gang = render_for_run({}, f"r{i}", 1)
+                cfg, spec = launch_for_run({}, f"r{i}", 1)
+                gang = k8s.render(spec, cfg.compute.kubernetes)
                 assert gang.pod_spec["containers"][0]["args"][-1] == str(run_dir / "train" / "spec.json")
             else:
                 with pytest.raises(BadInput, match=why):
-                    render_for_run({}, f"r{i}", 1)
+                    launch_for_run({}, f"r{i}", 1)
 
 
 # --- the DAG, parsed for a Kubernetes deployment -----------------------------------------------
@@ -376,9 +391,10 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder={str(REPO / 'dags')!r})
 out = {{"errors": {{k: str(v)[-600:] for k, v in bag.import_errors.items()}},
         "provider_job_imported": "airflow.providers.cncf.kubernetes.operators.job" in sys.modules}}
-dag = bag.dags.get("taxiway_train")
-if dag is not None:
-    out["tasks"] = {{t.task_id: {{"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
+for dag_id, key in (("taxiway_train", "tasks"), ("taxiway_sweep", "sweep_tasks")):
+    dag = bag.dags.get(dag_id)
+    if dag is not None:
+        out[key] = {{t.task_id: {{"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
                      "setup": t.is_setup, "teardown": t.is_teardown,
                      "attrs": {{a: getattr(t, a, None) for a in ("completion_mode", "backoff_limit", "deferrable",
                                "wait_until_job_complete", "durable", "retries", "retry_exponential_backoff")}}}}
@@ -405,12 +421,19 @@ def test_dag_parses_for_kubernetes_with_setup_and_teardown():
     assert {"train.gang", "train.service"} <= set(teardown["upstream"])
     assert "train.gang" in tasks["train.final_checkpoint"]["upstream"]
     assert not any(t["type"] == "TrainGang" for t in tasks.values())
+    # a sweep's members train on the same launcher: each mapped member has its Service, Job and teardown
+    member = {k.removeprefix("sweep.member."): t for k, t in parsed["sweep_tasks"].items() if k.startswith("sweep.member.")}
+    assert member["gang"]["type"] == "GangJob" and member["service"]["setup"] and member["teardown"]["teardown"]
+    assert "sweep.member.smoke" in member["service"]["upstream"] and "sweep.member.gang" in member["final_checkpoint"]["upstream"]
+    assert "sweep.member.final_checkpoint" in member["score"]["upstream"]
+    assert not any(t["type"] == "TrainGang" for t in parsed["sweep_tasks"].values())
 
 
 def test_dag_for_local_deployments_is_unchanged_and_skips_the_provider():
     parsed = _parse_dag("local")
     assert parsed["errors"] == {}
     assert "train.service" not in parsed["tasks"] and parsed["tasks"]["train.gang"]["type"] == "TrainGang"
+    assert parsed["sweep_tasks"]["sweep.member.gang"]["type"] == "TrainGang"
     assert parsed["provider_job_imported"] is False  # about a second of parse time saved
 
 
@@ -437,8 +460,9 @@ class _Store:
 class _TI:
     """The task instance fields the operator reads (labels, try number) and its XCom pushes."""
 
-    def __init__(self, try_number: int) -> None:
-        self.dag_id, self.task_id, self.map_index, self.try_number = "taxiway_train", "train.gang", -1, try_number
+    def __init__(self, try_number: int, dag_id: str = "taxiway_train", task_id: str = "train.gang",
+                 map_index: int = -1) -> None:
+        self.dag_id, self.task_id, self.map_index, self.try_number = dag_id, task_id, map_index, try_number
         self.xcom: dict[str, Any] = {}
         self.stats_tags: dict[str, str] = {}
 
@@ -446,10 +470,10 @@ class _TI:
         self.xcom[key] = value
 
 
-def _context(try_number: int, store: _Store) -> dict[str, Any]:
+def _context(try_number: int, store: _Store, **ti: Any) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    return {"ti": _TI(try_number), "run_id": RUN_ID, "dag": SimpleNamespace(), "task_state_store": store}
+    return {"ti": _TI(try_number, **ti), "run_id": RUN_ID, "dag": SimpleNamespace(), "task_state_store": store}
 
 
 def _first_event(trigger: Any, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -473,10 +497,11 @@ def fake_kube(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch):
     kube.close()
 
 
-@pytest.fixture
-def k8s_run(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@contextlib.contextmanager
+def _tokenized_run(dag_id: str, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RunConfig, Path]]:
     """A prepared and tokenized run folder under the pods' mount path (this test's TAXIWAY_HOME), 1 node, 6
-    steps, as the task of run ``RUN_ID`` finds it (its config the deployment's); the test runs in that task."""
+    steps, as a task of run ``RUN_ID`` of ``dag_id`` finds it (its config the deployment's); the test runs in
+    that task."""
     from pipelines import stages, tokenize
     from trainer import fsio
 
@@ -484,10 +509,17 @@ def k8s_run(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                              "compute.launcher=kubernetes", f"compute.kubernetes.mount_path={home}",
                              "compute.kubernetes.connection_id=taxiway_fake_k8s"])
     as_deployment(cfg, tmp_path, monkeypatch)
-    with in_task("taxiway_train", RUN_ID) as run_dir:
+    with in_task(dag_id, RUN_ID) as run_dir:
         stages.prepare.prepare(cfg, run_dir)
         packed = tokenize.pack_splits(cfg).path
         fsio.write_json(run_dir / "tokenize" / "packed.json", {"path": str(packed), "key": "k", "cache_hit": False})
+        yield cfg, run_dir
+
+
+@pytest.fixture
+def k8s_run(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``_tokenized_run`` of ``taxiway_train``, as the run's tasks take it."""
+    with _tokenized_run("taxiway_train", home, tmp_path, monkeypatch) as (cfg, _):
         yield {"config_sha256": cfg.sha256()}
 
 
@@ -551,3 +583,52 @@ def test_cluster_calls_ride_out_an_unavailable_api_server_and_a_conflict_is_not_
     assert [r[0] for r in fake_kube.requests[before:]] == ["POST"]
     fake_kube.unavailable = 1
     assert delete_everything(k8s_run, RUN_ID) == 0 and not fake_kube.of("Service")
+
+
+def test_a_sweeps_members_train_side_by_side_on_the_kubernetes_launcher(home: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        fake_kube: FakeKube):
+    """Two members of one sweep (one Airflow run): each member's setup, ``GangJob`` and teardown, as the
+    mapped member group runs them, on pods the stand-in cluster really runs. Each member's Service and Job
+    are named for the member, so both gangs train at once; each trains its own folder with its own point;
+    each teardown removes its member's objects only."""
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from pipelines import stages
+    from pipelines.run_folder import RunFolder
+    from pipelines.sweep import members, points
+    from taxiway_airflow.operators.kubernetes import GangJob
+    from taxiway_airflow.tasks.kubernetes import create_service, delete_everything, gang_name
+    from trainer import fsio
+
+    with _tokenized_run("taxiway_sweep", home, tmp_path, monkeypatch) as (cfg, run_dir):
+        fsio.write_json(RunFolder(run_dir).preflight_report, {"passed": True, "checks": {}})
+        points.write(run_dir, points.members(cfg, [{"train.lr": 0.001}, {"train.lr": 0.0003}]))
+        listed = [{"member": m["member"]} for m in members.write(run_dir, "k")]  # the XCom the group maps over
+        names = [k8s.names(gang_name(m, RUN_ID), 1) for m in listed]
+        assert len({n for pair in names for n in pair}) == 4, names  # two Jobs, two Services
+        stores, deferred = [_Store(), _Store()], []  # a task instance's own: each mapped member has one
+        ops = []
+        for m in listed:  # each mapped task instance is an operator of its own
+            with DAG("taxiway_sweep", schedule=None):
+                ops.append(GangJob(task_id="sweep.member.gang", run=m, job_poll_interval=0.2))
+        for i, (m, op) in enumerate(zip(listed, ops, strict=True)):
+            assert create_service(m, RUN_ID)["service"] == names[i][1]
+            with pytest.raises(TaskDeferred) as caught:
+                op.execute(_context(1, stores[i], dag_id="taxiway_sweep", task_id="sweep.member.gang", map_index=i))
+            deferred.append(caught.value.trigger)
+        assert set(fake_kube.of("Job")) == {names[0][0], names[1][0]}  # both gangs at once
+        for i, (m, op, trigger) in enumerate(zip(listed, ops, deferred, strict=True)):
+            event = _first_event(trigger)
+            assert event["status"] == "success", event
+            ctx = _context(1, stores[i], dag_id="taxiway_sweep", task_id="sweep.member.gang", map_index=i)
+            model_dir = Path(op.execute_complete(ctx, event)["model_dir"])
+            member_dir = members.member_dir(run_dir, m["member"])
+            assert model_dir == RunFolder(member_dir).model and (model_dir / "model.safetensors").is_file()
+            assert stages.prepare.load_run_config(member_dir).train.lr == (0.001, 0.0003)[i]
+            assert RunFolder(member_dir).read_status()["step"] == 6
+        assert delete_everything(listed[0], RUN_ID) == 1
+        assert set(fake_kube.of("Job")) == {names[1][0]} and set(fake_kube.of("Service")) == {names[1][1]}
+        assert delete_everything(listed[1], RUN_ID) == 1
+        assert not fake_kube.of("Job") and not fake_kube.of("Pod") and not fake_kube.of("Service")

@@ -81,7 +81,7 @@ def test_failed_node_is_reported_with_its_log(packed, tmp_path: Path):
     raw["data"] = str(tmp_path / "nowhere")
     spec.write_text(json.dumps(raw))
     with pytest.raises(local.GangFailed, match="exited with code"):
-        local.run_to_end(launch_spec(cfg, run_dir, spec), poll_s=0.2)
+        local.run_to_end(launch_spec(cfg, run_dir), poll_s=0.2)
 
 
 def test_sigterm_checkpoints_and_exits_canceled(packed, tmp_path: Path):

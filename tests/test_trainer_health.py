@@ -86,7 +86,8 @@ def test_nccl_without_a_gpu_fails_at_startup_with_the_reason(corpus, tmp_path: P
 
 
 def _gang(cfg, packed: Path, run_dir: Path, **env: str) -> tuple[local.Handle, local.GangState]:
-    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed))
+    write_trainer_spec(cfg, run_dir, packed)
+    spec = launch_spec(cfg, run_dir)
     handle = local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
     try:
         return handle, wait_for(lambda: (s := local.poll(handle)).state != local.RUNNING and s, 120, "the gang")

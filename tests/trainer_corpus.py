@@ -80,8 +80,8 @@ def submit_gang(cfg, packed: Path, run_dir: Path, parent: tuple[Path, Path | Non
     """A local gang for ``cfg`` with extra environment (e.g. ``TAXIWAY_TEST_*`` fault hooks), continuing
     ``parent`` (its weights folder, and its full checkpoint or None) when given."""
     weights, full = parent or (None, None)
-    spec = launch_spec(cfg, run_dir, write_trainer_spec(cfg, run_dir, packed, parent_weights=weights,
-                                                        parent_checkpoint=full))
+    write_trainer_spec(cfg, run_dir, packed, parent_weights=weights, parent_checkpoint=full)
+    spec = launch_spec(cfg, run_dir)
     return local.submit(dataclasses.replace(spec, env={**spec.env, **env}))
 
 

@@ -1,9 +1,10 @@
 """Kubernetes objects of a training gang: an Indexed Job (one pod per node) and a headless Service.
 
-A pure function of the RunConfig, the run id, the try number and the trainer command: no cluster
-access and no Airflow, so the same objects are printed by ``taxiway render-k8s`` (for
+A pure function of the ``LaunchSpec`` (nodes, processes, threads, the launch's name and try, the
+trainer command) and the config's ``compute.kubernetes`` (image, volume, resources): no cluster access
+and no Airflow, so the same objects are printed by ``taxiway render-k8s`` (for
 ``kubectl apply --dry-run=server``), validated against the Kubernetes OpenAPI schemas in tests and
-handed to the provider's ``KubernetesJobOperator`` by the DAG.
+created by ``KubernetesLauncher`` through the provider's ``KubernetesJobOperator``.
 
 How the gang finds itself: the Job runs ``completions = parallelism = nodes`` pods with
 ``completionMode: Indexed``; each pod's hostname is ``<job>-<index>`` and, with ``subdomain`` set
@@ -24,8 +25,10 @@ from typing import Any
 
 import yaml
 
-from pipelines.config import ConfigError, RunConfig, check_label
+from pipelines.config import ConfigError, check_label
+from pipelines.config.kubernetes import KubernetesConfig
 from pipelines.errors import BadInput
+from pipelines.launch.spec import LaunchSpec
 
 CONTAINER = "trainer"
 APP_LABELS = {"app.kubernetes.io/name": "taxiway-trainer", "app.kubernetes.io/part-of": "taxiway"}
@@ -108,20 +111,20 @@ def names(run_id: str, try_number: int) -> tuple[str, str]:
     return f"job-{base}-t{try_number}", f"tw-{base}"
 
 
-def render(cfg: RunConfig, *, run_id: str, try_number: int, command: list[str]) -> Gang:
-    """The Service and the Indexed Job that run ``torchrun … <command>`` on ``compute.nodes`` pods.
+def render(spec: LaunchSpec, k: KubernetesConfig) -> Gang:
+    """The Service and the Indexed Job that run ``torchrun … <spec.trainer_args()>`` on ``spec.nodes`` pods,
+    named for ``spec.name`` and ``spec.try_number``.
 
-    ``command`` is what follows torchrun's own flags (``-m trainer --spec <run>/train/spec.json``);
-    paths in it must be under ``compute.kubernetes.mount_path``, where the pods see TAXIWAY_HOME.
+    Paths in the trainer command must be under ``k.mount_path``, where the pods see TAXIWAY_HOME.
     """
-    k, c = cfg.compute.kubernetes, cfg.compute
     missing = {f"compute.kubernetes.{f}": "required to run on Kubernetes"
                for f in ("image", "volume_claim") if getattr(k, f) is None}
     if missing:
         raise ConfigError(missing)
+    run_id, try_number = spec.name, spec.try_number
     job_name, service_name = names(run_id, try_number)
-    if len(f"{job_name}-{c.nodes - 1}") > 63:
-        raise BadInput(f"pod hostname {job_name}-{c.nodes - 1} exceeds 63 characters")
+    if len(f"{job_name}-{spec.nodes - 1}") > 63:
+        raise BadInput(f"pod hostname {job_name}-{spec.nodes - 1} exceeds 63 characters")
     labels = {**k.labels, **APP_LABELS, GANG_LABEL: service_name, RUN_LABEL: label_value(run_id)}
     for key, value in labels.items():
         if why := check_label(key, value):
@@ -149,43 +152,41 @@ def render(cfg: RunConfig, *, run_id: str, try_number: int, command: list[str]) 
         "metadata": {"name": job_name, "namespace": k.namespace, "labels": try_labels, "annotations": annotations},
         "spec": {
             "completionMode": "Indexed",
-            "completions": c.nodes,
-            "parallelism": c.nodes,
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
             "backoffLimit": 0,
-            "activeDeadlineSeconds": c.timeout_s,
+            "activeDeadlineSeconds": spec.timeout_s,
             "ttlSecondsAfterFinished": k.ttl_after_finished_s,
             "template": {
                 "metadata": {"labels": dict(try_labels),
                              "annotations": {**annotations, "kubectl.kubernetes.io/default-container": CONTAINER}},
-                "spec": _pod_spec(cfg, run_id, try_number, job_name, service_name, command),
+                "spec": _pod_spec(spec, k, job_name, service_name),
             },
         },
     }
     return Gang(service=service, job=job)
 
 
-def _pod_spec(cfg: RunConfig, run_id: str, try_number: int, job_name: str, service_name: str,
-              command: list[str]) -> dict[str, Any]:
-    k, c = cfg.compute.kubernetes, cfg.compute
+def _pod_spec(spec: LaunchSpec, k: KubernetesConfig, job_name: str, service_name: str) -> dict[str, Any]:
     args = [
-        f"--nnodes={c.nodes}",
-        f"--nproc-per-node={c.procs_per_node}",
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={spec.procs_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={job_name}-0.{service_name}:{k.rendezvous_port}",
         f"--rdzv-id={job_name}",
         f"--rdzv-conf=join_timeout={k.rendezvous_timeout_s}",
         "--max-restarts=0",  # restarts are the orchestrator's: the whole gang, from a checkpoint
-        *command,
+        *spec.trainer_args(),
     ]
     env = [
         {"name": "JOB_COMPLETION_INDEX",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}},
         {"name": "TAXIWAY_NODE_RANK", "value": "$(JOB_COMPLETION_INDEX)"},
-        {"name": "TAXIWAY_NODES", "value": str(c.nodes)},
+        {"name": "TAXIWAY_NODES", "value": str(spec.nodes)},
         {"name": "TAXIWAY_HOME", "value": k.mount_path},
-        {"name": "TAXIWAY_RUN_ID", "value": run_id},
-        {"name": "TAXIWAY_TRY_NUMBER", "value": str(try_number)},
-        {"name": "OMP_NUM_THREADS", "value": str(c.threads_per_proc)},
+        {"name": "TAXIWAY_RUN_ID", "value": spec.name},
+        {"name": "TAXIWAY_TRY_NUMBER", "value": str(spec.try_number)},
+        {"name": "OMP_NUM_THREADS", "value": str(spec.threads_per_proc)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *({"name": name, "value": value} for name, value in sorted(k.env.items())),
         *({"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}} for s in k.secret_env),

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 from pipelines.errors import CheckFailed, Transient
@@ -69,6 +70,11 @@ class Handle:
         return cls(Path(path), raw["gang_id"], raw["attempt"], [Node(**n) for n in raw["nodes"]],
                    raw["started_at"])
 
+    @property
+    def started(self) -> float:
+        """When it was launched, in epoch seconds."""
+        return datetime.fromisoformat(self.started_at).timestamp()
+
     def save(self) -> None:
         fsio.write_json(self.path, {"gang_id": self.gang_id, "attempt": self.attempt,
                                       "nodes": [asdict(n) for n in self.nodes], "started_at": self.started_at})
@@ -82,6 +88,12 @@ class GangState:
 
 def handle_path(run_dir: Path) -> Path:
     return RunFolder(run_dir).gang
+
+
+def current(run_dir: Path) -> Handle | None:
+    """The run's newest gang, None before the first launch."""
+    path = handle_path(run_dir)
+    return Handle.load(path) if path.exists() else None
 
 
 def lease_path(run_dir: Path) -> Path:

@@ -64,24 +64,33 @@ def approval_steps(run: Any, registered: Any) -> None:
     with_links(tasks.decide.override(task_id="decision", **registry_work())(run, gate.output), REGISTER_LINKS)
 
 
+def training(run: Any) -> tuple[Any, Any]:
+    """smoke → the gang on the deployment's launcher → the final checkpoint, for the run folder XCom ``run``
+    (a sweep member's included), in the caller's task group; returns (first, last) to chain around.
+
+    Local: ``TrainGang``. Kubernetes: headless Service (setup) → ``GangJob`` → teardown (docs/deploy.md).
+    Either way the gang task holds the launcher; retries relaunch from the newest valid checkpoint."""
+    retry = {"retry_delay": timedelta(seconds=10), "max_retry_delay": timedelta(minutes=10)}
+    smoke = tasks.smoke.override(task_id="smoke", **gpu_work())(run)
+    if launcher() == "kubernetes":
+        # the provider's operator costs ~1 s of every parse: imported only on this launcher
+        from taxiway_airflow.operators.kubernetes import training_gang
+
+        first, gang = training_gang(run, **retry)  # its pods do the work: the default queue
+    else:
+        first = gang = TrainGang(task_id="gang", run=run, retries=3, retry_exponential_backoff=2.0, **retry,
+                                 **gpu_work())
+    final = CheckpointSensor(task_id="final_checkpoint", run=run)
+    smoke >> first
+    gang >> final
+    return smoke, final
+
+
 def all_stages(run: Any) -> tuple[TaskGroup, TaskGroup]:
     """Add the stage groups for the run folder XCom ``run``; returns the first and the last group."""
     preflight, tokenize = data_stages(run)
     with TaskGroup("train", **STAGES["train"]._asdict()) as train:
-        if launcher() == "kubernetes":  # headless Service (setup) → Indexed Job → teardown: docs/deploy.md
-            # the provider's operator costs ~1 s of every parse: imported only on this launcher
-            from taxiway_airflow.operators.kubernetes import training_gang
-
-            service, gang = training_gang(run, retry_delay=timedelta(seconds=10),
-                                          max_retry_delay=timedelta(minutes=10))
-            final = CheckpointSensor(task_id="final_checkpoint", run=run)
-            tasks.smoke.override(task_id="smoke", **gpu_work())(run) >> service
-            gang >> final
-        else:
-            gang = TrainGang(task_id="gang", run=run, retries=3, retry_delay=timedelta(seconds=10),
-                             retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=10), **gpu_work())
-            final = CheckpointSensor(task_id="final_checkpoint", run=run)
-            tasks.smoke.override(task_id="smoke", **gpu_work())(run) >> gang >> final
+        training(run)
 
     with TaskGroup("evaluate", **STAGES["evaluate"]._asdict()) as evaluate:
         with_links(tasks.evaluate.override(task_id="score", **gpu_work())(run), EVALUATE_LINKS)

@@ -1,12 +1,14 @@
 """Every cluster call Taxiway makes, through the provider's ``KubernetesHook`` and with the provider's
 retry wrapper (``generic_api_retry``: transient API statuses and connection errors, honouring
-``Retry-After``). Beyond the provider: deleting every Job of a run with foreground propagation and
-waiting until its pods are gone (the provider deletes one Job and does not wait for pods)."""
+``Retry-After``); ``HookCluster`` answers a ``KubernetesLauncher``'s calls (``pipelines.launch.cluster``)
+with them. Beyond the provider: deleting every Job of a run with foreground propagation and waiting
+until its pods are gone (the provider deletes one Job and does not wait for pods)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -14,7 +16,7 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generi
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.errors import Transient
-from pipelines.stages.train import GANG_LABEL
+from pipelines.launch.k8s import GANG_LABEL, Gang
 
 log = logging.getLogger("taxiway")
 
@@ -91,3 +93,52 @@ def remove_jobs(hook: KubernetesHook, namespace: str, gang_label: str, wait_s: f
                             + ", ".join(p.metadata.name for p in pods))
         time.sleep(2)
     return len(jobs)
+
+
+@generic_api_retry
+def create_job(hook: KubernetesHook, namespace: str, job: Any) -> None:
+    hook.batch_v1_client.create_namespaced_job(namespace, job)
+
+
+def job_state(hook: KubernetesHook, namespace: str, name: str) -> str:
+    """``active``, ``succeeded``, ``failed``, ``deleting`` (a stalled or canceled gang on its way out: never
+    re-attached to) or ``missing``, as the provider judges a Job."""
+    job = job_status(hook, namespace, name)
+    if job is None:
+        return "missing"
+    if job.metadata.deletion_timestamp:
+        return "deleting"
+    if hook.is_job_successful(job):
+        return "succeeded"
+    return "failed" if hook.is_job_failed(job) else "active"
+
+
+class HookCluster:
+    """A ``KubernetesLauncher``'s cluster (``pipelines.launch.cluster.Cluster``) through ``hook``.
+    ``make_job``: the object created for a gang's Job, the rendered manifest by default (the Job
+    operator gives its own request, which carries the labels the provider finds its pods by)."""
+
+    def __init__(self, hook: KubernetesHook, make_job: Callable[[Gang], Any] | None = None) -> None:
+        self.hook, self.make_job = hook, make_job
+
+    def create_service(self, namespace: str, service: dict[str, Any]) -> bool:
+        return create_service(self.hook, namespace, service)
+
+    def create_job(self, gang: Gang) -> None:
+        create_job(self.hook, gang.namespace, self.make_job(gang) if self.make_job else gang.job)
+
+    def job_state(self, namespace: str, name: str) -> str:
+        return job_state(self.hook, namespace, name)
+
+    def job_created(self, namespace: str, name: str) -> float | None:
+        job = job_status(self.hook, namespace, name)
+        return job.metadata.creation_timestamp.timestamp() if job is not None else None
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        delete_job(self.hook, namespace, name)
+
+    def remove_jobs(self, namespace: str, gang_label: str, wait_s: float) -> int:
+        return remove_jobs(self.hook, namespace, gang_label, wait_s)
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        delete_service(self.hook, namespace, name)

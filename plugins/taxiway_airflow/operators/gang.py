@@ -1,4 +1,5 @@
-"""The training gang as one Airflow task: launch (or re-attach), watch from the triggerer, finish.
+"""The training gang as one Airflow task: launch (or re-attach), watch from the triggerer, finish; the
+task holds a ``LocalLauncher`` (``pipelines.launch``).
 
 - Launch identity lives in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``): a worker
   that dies while the gang runs comes back as a retry that re-attaches to the same gang instead
@@ -24,6 +25,12 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from pipelines.errors import BadInput
+from pipelines.launch import local
+from pipelines.launch.launchers import LocalLauncher
+from pipelines.launch.local import GangFailed, GangTimedOut
+from pipelines.launch.spec import launch_spec
+from pipelines.launch.watch import SUPERSEDED, TIMED_OUT
+from pipelines.run_folder import State
 from pipelines.stages import train as train_stage
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.links import TRAIN_LINKS
@@ -47,6 +54,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         self.run = run
         self.poll_s = poll_s
         self._gang_id: str | None = None  # the gang this try holds (launched or re-attached to)
+        self.launcher = LocalLauncher()
 
     # ResumableJobMixin: submit / status / reconnect -------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -58,7 +66,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         if cfg.compute.launcher != "local":
             raise BadInput(f"compute.launcher is {cfg.compute.launcher!r} but this deployment's DAG "
                            "launches local gangs (set TAXIWAY_LAUNCHER where the DAG is parsed)")
-        handle = train_stage.submit(cfg, run_dir_of(self.run))
+        handle = self.launcher.submit(train_stage.spec(cfg, run_dir_of(self.run)))
         self._gang_id = handle.gang_id
         log.info("launched gang %s: %d node(s), attempt %d (restarts so far: %d), logs under %s",
                  handle.gang_id, len(handle.nodes), handle.attempt, handle.attempt - 1,
@@ -68,30 +76,29 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     def get_job_status(self, external_id: Any, context: Any) -> str:
         """A gang a user canceled reads ``canceled``: a clear's new try launches afresh (submit waits)."""
         if not Path(external_id).exists():
-            return train_stage.State.FAILED
-        return train_stage.state(train_stage.load(external_id))
+            return State.FAILED
+        return self.launcher.state(local.Handle.load(Path(external_id)))
 
     def is_job_active(self, status: str) -> bool:
-        return status == train_stage.State.RUNNING
+        return status == State.RUNNING
 
     def is_job_succeeded(self, status: str) -> bool:
-        return status == train_stage.State.SUCCEEDED
+        return status == State.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
         """Confirm the launch here (a gang that dies at start fails this try at once), then defer:
         the trigger watches the gang until it ends, so a cancel always finds one of the two."""
-        handle = train_stage.load(external_id)
+        handle = local.Handle.load(Path(external_id))
         self._gang_id = handle.gang_id
         cfg = self._config()
-        run_dir = run_dir_of(self.run)
         deadline = time.monotonic() + self.launch_confirm_s
-        while (train_stage.state(handle) == train_stage.State.RUNNING and time.monotonic() < deadline
-               and not train_stage.started_up(handle, run_dir)):
+        while (self.launcher.state(handle) == State.RUNNING and time.monotonic() < deadline
+               and not self.launcher.started_up(handle)):
             self._cancel_unless_running(context, handle)
             time.sleep(0.5)
         self._cancel_unless_running(context, handle)  # the last word before handing over to the trigger
-        train_stage.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
-        watch = train_stage.watch(handle, cfg)
+        local.hand_over(handle)  # a cancel before the triggerer runs the trigger reaches no on_kill
+        watch = self.launcher.watch(handle, launch_spec(cfg, run_dir_of(self.run)))
         self.defer(trigger=GangTrigger(watch.as_dict(), self.poll_s, cfg.compute.report_every_s, cfg.compute.cancel_grace_s,
                                        run_key_of(self.run, self.dag_id, context["run_id"])),
                    method_name="execute_complete")
@@ -109,11 +116,11 @@ class TrainGang(ResumableJobMixin, BaseOperator):
 
     def _complete(self, context: Any, event: dict[str, Any]) -> Any:
         gang_json = event["watch"]["gang_json"]
-        if event["state"] == train_stage.State.SUCCEEDED:
+        if event["state"] == State.SUCCEEDED:
             return self.get_job_result(gang_json, context)
         self._report(gang_json, context)
-        handle = train_stage.load(gang_json)
-        if train_stage.canceled_by_user(handle):
+        handle = local.Handle.load(Path(gang_json))
+        if self.launcher.state(handle) == State.CANCELED:
             # Canceled, yet this try is alive: an earlier try's trigger canceled it after this try had
             # re-attached (a clear lands in both at once). Carry on as the clear meant: relaunch.
             log.info("gang %s was canceled by an earlier try of this task; relaunching from its newest "
@@ -122,17 +129,16 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             if store := context.get("task_state_store"):
                 store.set(self.external_id_key, external_id)
             return self.poll_until_complete(external_id, context)
-        if event["state"] == train_stage.SUPERSEDED:  # another try launched since: a retry re-attaches to it
-            raise train_stage.GangFailed(f"{event['detail']}; this try no longer owns the run's training")
+        if event["state"] == SUPERSEDED:  # another try launched since: a retry re-attaches to it
+            raise GangFailed(f"{event['detail']}; this try no longer owns the run's training")
         attempt = handle.attempt
         log.error("gang attempt %d %s: %s; a retry resumes from the newest valid checkpoint",
                   attempt, event["state"], event["detail"])
-        if event["state"] == train_stage.TIMED_OUT:
-            raise train_stage.GangTimedOut(event["detail"])
-        raise train_stage.GangFailed(f"training gang {event['state']}: {event['detail']}")
+        if event["state"] == TIMED_OUT:
+            raise GangTimedOut(event["detail"])
+        raise GangFailed(f"training gang {event['state']}: {event['detail']}")
 
-    @staticmethod
-    def _cancel_unless_running(context: Any, handle: Any) -> None:
+    def _cancel_unless_running(self, context: Any, handle: local.Handle) -> None:
         """A user acted on this try (its state is no longer ``running``) before the supervisor's
         SIGTERM arrived: cancel the gang here, since once deferred nobody would."""
         ti = context["ti"]
@@ -145,7 +151,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
             return
         state = states.get(ti.run_id, {}).get(f"{ti.task_id}_{ti.map_index}" if mapped else ti.task_id)
         if state != "running":
-            train_stage.cancel(handle)
+            self.launcher.cancel(handle)
             raise AirflowFailException(f"task is {state or 'gone'} (user action): canceled gang {handle.gang_id}")
 
     def _config(self):
@@ -154,7 +160,9 @@ class TrainGang(ResumableJobMixin, BaseOperator):
     def _report(self, gang_json: str, context: Any) -> None:
         """Progress line and new metrics to MLflow; never fails the task over it."""
         try:
-            if line := train_stage.report(train_stage.load(gang_json), run_key_of(self.run, self.dag_id, context["run_id"])):
+            handle = local.Handle.load(Path(gang_json))
+            if line := train_stage.report(run_dir_of(self.run), run_key_of(self.run, self.dag_id, context["run_id"]),
+                                          handle.attempt, handle.started):
                 log.info("%s", line)
         except Exception as exc:  # tracking server down: the lines stay unshipped and go next time
             log.warning("could not ship metrics to MLflow yet: %s", exc)
@@ -164,7 +172,7 @@ class TrainGang(ResumableJobMixin, BaseOperator):
         re-attached to (or is launching: a gang id names the process that made it), never a newer one
         another try started since. The worker gets a few seconds
         before SIGKILL, so this only signals; each node enforces the grace period itself."""
-        handle = train_stage.current(run_dir_of(self.run))
-        if handle and (handle.gang_id == self._gang_id or train_stage.launched_here(handle)):
-            train_stage.cancel(handle)
+        handle = local.current(run_dir_of(self.run))
+        if handle and (handle.gang_id == self._gang_id or local.launched_here(handle)):
+            self.launcher.cancel(handle)
             log.info("canceled gang %s: SIGTERM sent", handle.gang_id)

@@ -1,8 +1,9 @@
 """The training gang on Kubernetes: headless Service (setup) → Indexed Job → delete both (teardown).
 
 Built on the cncf-kubernetes provider's pod-operator family: ``GangJob`` is its
-``KubernetesJobOperator`` fed with the objects that ``pipelines.stages.train.render_kubernetes`` makes from the
-run's config, plus what a training gang needs on top of it:
+``KubernetesJobOperator`` holding a ``KubernetesLauncher`` (``pipelines.launch``), which renders the gang
+from the try's ``LaunchSpec`` and submits, judges and cancels it; the provider builds the Job it creates
+from that rendering, finds its pods, streams their logs and waits. On top of the provider:
 
 - **durable**: the Job's name is kept in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``),
   so a retry after a worker crash re-attaches to the running Job instead of starting a second gang;
@@ -31,13 +32,20 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import ApiClient
 
+from pipelines.config import RunConfig
 from pipelines.errors import Transient
+from pipelines.launch import k8s
+from pipelines.launch.k8s import CONTAINER, TRY_LABEL, Gang
+from pipelines.launch.launchers import KubernetesLauncher
+from pipelines.launch.local import GangFailed
+from pipelines.launch.spec import LaunchSpec
+from pipelines.run_folder import State
 from pipelines.stages import train as train_stage
 from taxiway_airflow.failures import failure_kinds
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.links import TRAIN_LINKS
-from taxiway_airflow.tasks.common import run_config, run_dir_of, run_key_of
-from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, render_for_run
+from taxiway_airflow.tasks.common import run_dir_of, run_key_of
+from taxiway_airflow.tasks.kubernetes import delete_gang, gang_service, launch_for_run, launcher
 from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
 log = logging.getLogger("taxiway")
@@ -71,21 +79,24 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
                          random_name_suffix=False, do_xcom_push=False, **kwargs)
         self.run = run
         self.pods_timeout_s = pods_timeout_s
-        self.gang = None
+        self.gang: Gang | None = None
+        self.spec: LaunchSpec | None = None
+        self.launcher: KubernetesLauncher | None = None
+        self._cfg: RunConfig | None = None
         self._watch: dict[str, Any] = {}  # what the trigger needs beyond the provider's: set before deferring
 
-    def adopt(self, gang: train_stage.Gang, connection_id: str) -> None:
+    def adopt(self, gang: Gang, spec: LaunchSpec, connection_id: str) -> None:
         """Take the rendered gang as this operator's Job and pod (what ``build_job_request_obj`` reads),
-        both as ``launch/k8s.py`` rendered them (``Gang.job_shell``, ``Gang.pod``)."""
+        both as ``launch/k8s.py`` rendered them (``Gang.job_shell``, ``Gang.pod``); nodes from the spec."""
         self.full_job_spec = _model(gang.job_shell, "V1Job")
         self.full_pod_spec = _model(gang.pod, "V1Pod")
         self.name = gang.job_name.removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
         self.namespace = gang.namespace
-        self.parallelism = self.completions = gang.job["spec"]["parallelism"]
-        self.base_container_name = train_stage.CONTAINER
+        self.parallelism = self.completions = spec.nodes
+        self.base_container_name = CONTAINER
         self.termination_message_policy = gang.pod_spec["containers"][0]["terminationMessagePolicy"]
         self.kubernetes_conn_id = connection_id
-        self.gang = gang
+        self.gang, self.spec = gang, spec
 
     def execute(self, context: Any) -> Any:
         with failure_kinds():
@@ -94,59 +105,48 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
             return self.execute_resumable(context)
 
     def _adopt_for(self, context: Any) -> None:
-        cfg, gang = render_for_run(self.run, context["run_id"], context["ti"].try_number)
-        self.adopt(gang, cfg.compute.kubernetes.connection_id)
+        cfg, spec = launch_for_run(self.run, context["run_id"], context["ti"].try_number)
+        self.adopt(k8s.render(spec, cfg.compute.kubernetes), spec, cfg.compute.kubernetes.connection_id)
+        # the launcher's cluster calls go through this operator's hook; the Job it creates is the provider's
+        # request built from the adopted rendering (with the labels the provider finds its pods by)
+        self.launcher = launcher(cfg, self.hook, make_job=lambda gang: self.job_request_obj)
+        self._cfg = cfg
 
     # ResumableJobMixin -----------------------------------------------------------------------
     def submit_job(self, context: Any) -> dict[str, str]:
-        cfg = self._config()
-        removed = cluster.remove_jobs(self.hook, self.gang.namespace, self.gang.service_name,
-                              wait_s=cfg.compute.kubernetes.termination_grace_s + 60)
-        if removed:
-            log.info("stopped %d Job(s) of earlier tries before starting try %d", removed,
-                     context["ti"].try_number)
-        self.job = self.create_job(self.job_request_obj)
-        context["ti"].xcom_push(key="job_name", value=self.job.metadata.name)
-        context["ti"].xcom_push(key="job_namespace", value=self.job.metadata.namespace)
-        log.info("created Indexed Job %s/%s: %d node pod(s)", self.job.metadata.namespace,
-                 self.job.metadata.name, self.parallelism)
-        return {"name": self.job.metadata.name, "namespace": self.job.metadata.namespace}
+        handle = self.launcher.submit(self.spec)
+        self.job = self.job_request_obj
+        context["ti"].xcom_push(key="job_name", value=handle["name"])
+        context["ti"].xcom_push(key="job_namespace", value=handle["namespace"])
+        return handle
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
-        if job is None:
-            return "missing"
-        if job.metadata.deletion_timestamp:  # a stalled or canceled gang on its way out: never re-attach to it
-            return "deleting"
-        if self.hook.is_job_successful(job):
-            return "succeeded"
-        return "failed" if self.hook.is_job_failed(job) else "active"
+        return self.launcher.state(external_id)
 
     def is_job_active(self, status: str) -> bool:
-        return status == "active"
+        return status == State.RUNNING
 
     def is_job_succeeded(self, status: str) -> bool:
-        return status == "succeeded"
+        return status == State.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
         self.job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
         if self.job is None:
             raise Transient(f"Kubernetes Job {external_id['namespace']}/{external_id['name']} is gone")
         self.pods = self.get_pods(pod_request_obj=self.pod_request_obj, context=context)
-        cfg = self._config()
-        started = self.job.metadata.creation_timestamp.timestamp()
-        self._watch = {"watch": train_stage.job_watch(cfg, run_dir_of(self.run), started).as_dict(),
+        c = self._cfg.compute
+        self._watch = {"watch": self.launcher.watch(external_id, self.spec).as_dict(),
                        "run_key": run_key_of(self.run, self.dag_id, context["run_id"]),
-                       "attempt": int(self.job.metadata.labels.get(train_stage.TRY_LABEL, "1")),
-                       "report_every_s": cfg.compute.report_every_s,
+                       "attempt": int(self.job.metadata.labels.get(TRY_LABEL, "1")),
+                       "report_every_s": c.report_every_s,
                        # four looks per stall window, but never more than one API read a second
-                       "poll_interval": max(1.0, min(self.job_poll_interval, cfg.compute.stall_timeout_s / 4))}
+                       "poll_interval": max(1.0, min(self.job_poll_interval, c.stall_timeout_s / 4))}
         if self.deferrable:
             self.execute_deferrable()  # raises TaskDeferred; execute_complete resumes
         job = self.hook.wait_until_job_complete(job_name=self.job.metadata.name, namespace=self.job.metadata.namespace,
                                                 job_poll_interval=self.job_poll_interval)
         if error := self.hook.is_job_failed(job=job):
-            raise train_stage.GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
+            raise GangFailed(f"Kubernetes Job {job.metadata.name} failed: {error}")
 
     def get_job_result(self, external_id: Any, context: Any) -> dict[str, str]:
         model_dir = train_stage.finish(run_dir_of(self.run))
@@ -183,9 +183,6 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         if not pods:
             raise Transient(f"no pod of Job {self.job.metadata.name} appeared in {self.pods_timeout_s:.0f}s")
         return pods
-
-    def _config(self):
-        return run_config(run_dir_of(self.run))
 
 
 def _model(obj: dict[str, Any], kind: str) -> Any:

@@ -1,17 +1,22 @@
-"""The Kubernetes gang's setup and teardown tasks (``TAXIWAY_LAUNCHER=kubernetes``), and the gang's
-objects rendered from the run folder, which the operator's Job uses too: built once per try, by
-``pipelines.stages.train.render_kubernetes``; every cluster call goes through ``hooks.kubernetes``."""
+"""The Kubernetes gang's setup and teardown tasks (``TAXIWAY_LAUNCHER=kubernetes``), and the run's
+launch and launcher, which the operator's Job uses too: the ``LaunchSpec`` of one try and a
+``KubernetesLauncher`` whose every cluster call goes through ``hooks.kubernetes``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import get_current_context, task
 
 from pipelines.config import RunConfig
 from pipelines.errors import BadInput
+from pipelines.launch.k8s import Gang
+from pipelines.launch.launchers import KubernetesLauncher
+from pipelines.launch.spec import LaunchSpec, launch_spec
 from pipelines.stages import train as train_stage
+from pipelines.sweep import members as sweep_members
 from taxiway_airflow.failures import translated
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.tasks.common import TASK, run_config, run_dir_of
@@ -19,8 +24,14 @@ from taxiway_airflow.tasks.common import TASK, run_config, run_dir_of
 log = logging.getLogger("taxiway")
 
 
-def render_for_run(run: dict[str, Any], run_id: str, try_number: int) -> tuple[RunConfig, train_stage.Gang]:
-    """The run's config and its gang's objects for one try; refuses what the pods could not run."""
+def gang_name(run: dict[str, Any], run_id: str) -> str:
+    """The gang's identity on the cluster (its Service and Job names): the Airflow run id, with a sweep
+    member's index, so the members of one sweep run side by side."""
+    return run_id if "member" not in run else sweep_members.member_key(run_id, int(run_dir_of(run).name))
+
+
+def launch_for_run(run: dict[str, Any], run_id: str, try_number: int) -> tuple[RunConfig, LaunchSpec]:
+    """The run's config and one try's launch; refuses what the pods could not run."""
     run_dir = run_dir_of(run)
     cfg = run_config(run_dir)
     k = cfg.compute.kubernetes
@@ -32,15 +43,23 @@ def render_for_run(run: dict[str, Any], run_id: str, try_number: int) -> tuple[R
         raise BadInput(
             f"run folder {run_dir} is not under compute.kubernetes.mount_path ({k.mount_path}): the pods "
             "would not find it; mount the volume there on the Airflow workers and set TAXIWAY_HOME to it")
-    return cfg, train_stage.render_kubernetes(cfg, run_dir, run_id, try_number)
+    return cfg, launch_spec(cfg, run_dir, gang_name(run, run_id), try_number)
+
+
+def launcher(cfg: RunConfig, hook: Any = None, make_job: Callable[[Gang], Any] | None = None) -> KubernetesLauncher:
+    """The run's Kubernetes launcher, through ``hook`` (the connection ``compute.kubernetes.connection_id``'s
+    by default)."""
+    k = cfg.compute.kubernetes
+    return KubernetesLauncher(cluster.HookCluster(hook or cluster.connect(k.connection_id), make_job), k)
 
 
 def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
     """Write the trainer spec and create the headless Service that makes rank 0 resolvable (idempotent)."""
-    cfg, gang = render_for_run(run, run_id, 1)
-    train_stage.spec(cfg, run_dir_of(run))
-    hook = cluster.connect(cfg.compute.kubernetes.connection_id)
-    if cluster.create_service(hook, gang.namespace, gang.service):
+    cfg, _ = launch_for_run(run, run_id, 1)
+    spec = train_stage.spec(cfg, run_dir_of(run), gang_name(run, run_id))
+    made = launcher(cfg)
+    gang = made.render(spec)
+    if made.open(spec):
         log.info("created headless Service %s/%s", gang.namespace, gang.service_name)
     else:
         log.info("headless Service %s/%s already exists (a retried setup)", gang.namespace, gang.service_name)
@@ -49,14 +68,9 @@ def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
 
 def delete_everything(run: dict[str, Any], run_id: str) -> int:
     """Every Job of the run (their pods waited for) and the Service; returns the Jobs deleted."""
-    cfg, gang = render_for_run(run, run_id, 1)
-    k = cfg.compute.kubernetes
-    hook = cluster.connect(k.connection_id)
-    jobs = cluster.remove_jobs(hook, gang.namespace, gang.service_name, wait_s=k.termination_grace_s + 60)
-    cluster.delete_service(hook, gang.namespace, gang.service_name)
-    log.info("deleted %d Job(s) and Service %s/%s; no pod of the gang is left", jobs, gang.namespace,
-             gang.service_name)
-    return jobs
+    cfg, spec = launch_for_run(run, run_id, 1)
+    made = launcher(cfg)
+    return made.finish(made.handle(spec))
 
 
 @task(**TASK)

@@ -14,12 +14,17 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from airflow.configuration import conf
 from airflow.sdk.exceptions import AirflowSecretsBackendAccessDenied
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pipelines.launch import local
+from pipelines.launch.launchers import LocalLauncher
+from pipelines.launch.watch import SUPERSEDED, Watch
+from pipelines.run_folder import RunFolder, State
 from pipelines.stages import train as train_stage
 from taxiway_airflow import mlflow_connection
 
@@ -92,36 +97,41 @@ class GangTrigger(BaseTrigger):
         """Watch this trigger's own gang (``watch.gang_id``): if ``gang.json`` already holds a newer
         one, another try owns the run's training and this trigger touches nothing."""
         started = time.monotonic()
-        watch = train_stage.Watch(**self.watch)
-        handle = await asyncio.to_thread(train_stage.load, watch.gang_json)
+        watch = Watch(**self.watch)
+        handle = await asyncio.to_thread(local.Handle.load, Path(watch.gang_json))
         if handle.gang_id == watch.gang_id:
-            await asyncio.to_thread(train_stage.take_over, handle)
+            await asyncio.to_thread(local.take_over, handle)
         reported = time.monotonic()
         while True:
             result = await asyncio.to_thread(watch.check)
-            if result["state"] != train_stage.State.RUNNING:
+            if result["state"] != State.RUNNING:
                 break
             if time.monotonic() - reported >= self.report_every_s:
                 reported = time.monotonic()
                 await self._report()
             await asyncio.sleep(self.poll_s)
-        if result["state"] not in (train_stage.State.SUCCEEDED, train_stage.SUPERSEDED):
-            killed = await asyncio.to_thread(train_stage.cleanup, handle, self.cancel_grace_s)
+        if result["state"] not in (State.SUCCEEDED, SUPERSEDED):
+            killed = await asyncio.to_thread(LocalLauncher(self.cancel_grace_s).finish, handle)
             result["detail"] += f" (processes killed at cleanup: {killed})"
-        if result["state"] != train_stage.SUPERSEDED:
+        if result["state"] != SUPERSEDED:
             await self._report()
         await asyncio.sleep(max(0.0, min_event_delay_s() - (time.monotonic() - started)))
         yield TriggerEvent(result)
 
     async def _report(self) -> None:
-        await log_progress(self.log, lambda: train_stage.report(train_stage.load(self.watch["gang_json"]), self.run_id))
+        def report() -> str | None:
+            handle = local.Handle.load(Path(self.watch["gang_json"]))
+            return train_stage.report(RunFolder.of_gang(handle.path).root, self.run_id, handle.attempt,
+                                      handle.started)
+
+        await log_progress(self.log, report)
 
     async def on_kill(self) -> None:
         """Airflow 3.3's triggerer calls this when a user acted on the deferred task (mark failed or
         success, clear, delete the run), not when the triggerer itself stops: cancel this gang."""
-        handle = train_stage.load(self.watch["gang_json"])
+        handle = local.Handle.load(Path(self.watch["gang_json"]))
         if handle.gang_id != self.watch["gang_id"]:  # a newer try already replaced it: not ours to stop
             return
-        await asyncio.to_thread(train_stage.cancel, handle)
+        await asyncio.to_thread(LocalLauncher(self.cancel_grace_s).cancel, handle)
         self.log.info("canceled gang %s: SIGTERM sent; its nodes SIGKILL what is left after %gs",
                       handle.gang_id, self.cancel_grace_s)

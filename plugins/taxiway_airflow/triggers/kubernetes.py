@@ -21,6 +21,7 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 from airflow.triggers.base import TriggerEvent
 
+from pipelines.launch.watch import StatusWatch
 from pipelines.stages import train as train_stage
 from taxiway_airflow.hooks import kubernetes as cluster
 from taxiway_airflow.triggers.gang import log_progress, min_event_delay_s
@@ -43,7 +44,7 @@ class GangJobTrigger(KubernetesJobTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = reported = time.monotonic()
-        watch = train_stage.StatusWatch(**self.watch) if self.watch else None
+        watch = StatusWatch(**self.watch) if self.watch else None
         stalled = None
         while True:
             job = await self.hook.get_job_status(name=self.job_name, namespace=self.job_namespace)
@@ -67,10 +68,10 @@ class GangJobTrigger(KubernetesJobTrigger):
             "message": f"Job failed with error: {error}" if error else "Job completed successfully",
             "job": job.to_dict(), "xcom_result": None})
 
-    async def _report(self, watch: train_stage.StatusWatch | None) -> None:
+    async def _report(self, watch: StatusWatch | None) -> None:
         if watch is not None:
-            await log_progress(self.log, lambda: train_stage.report_attempt(Path(watch.run_dir), self.run_key,
-                                                                            self.attempt, watch.started))
+            await log_progress(self.log, lambda: train_stage.report(Path(watch.run_dir), self.run_key, self.attempt,
+                                                                    watch.started))
 
     async def _delete(self) -> None:
         hook = cluster.connect(self.kubernetes_conn_id)
