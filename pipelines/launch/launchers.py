@@ -1,7 +1,8 @@
 """The two launchers (``pipelines.launch.Launcher``): a local gang of torchrun "nodes" on this host, and an
-Indexed Job on Kubernetes. Each takes a ``LaunchSpec`` and answers the same five calls, so the operators,
-the trigger and the CLI hold a launcher and never ask which one it is; what only one of them has (a local
-gang's watch lease, a Kubernetes gang's headless Service) stays a method of that one."""
+Indexed Job on Kubernetes. Each takes a ``LaunchSpec`` and answers the same five calls: ``TrainGang`` and
+its trigger hold a ``LocalLauncher``, ``GangJob`` and the Kubernetes setup and teardown tasks a
+``KubernetesLauncher``. What only one of them has (a local gang's watch lease and hand-over, a Kubernetes
+gang's headless Service) stays that one's own."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Built on the cncf-kubernetes provider's pod-operator family: ``GangJob`` is its
 ``KubernetesJobOperator`` holding a ``KubernetesLauncher`` (``pipelines.launch``), which renders the gang
-from the try's ``LaunchSpec`` and submits, judges and cancels it; the provider builds the Job it creates
+from the try's ``LaunchSpec``, submits it and judges its state; the provider builds the Job it creates
 from that rendering, finds its pods, streams their logs and waits. On top of the provider:
 
 - **durable**: the Job's name is kept in Airflow 3.3's ``task_state_store`` (``ResumableJobMixin``),

@@ -55,8 +55,8 @@ def launcher(cfg: RunConfig, hook: Any = None, make_job: Callable[[Gang], Any] |
 
 def create_service(run: dict[str, Any], run_id: str) -> dict[str, str]:
     """Write the trainer spec and create the headless Service that makes rank 0 resolvable (idempotent)."""
-    cfg, _ = launch_for_run(run, run_id, 1)
-    spec = train_stage.spec(cfg, run_dir_of(run), gang_name(run, run_id))
+    cfg, launch = launch_for_run(run, run_id, 1)
+    spec = train_stage.spec(cfg, run_dir_of(run), launch.name)
     made = launcher(cfg)
     gang = made.render(spec)
     if made.open(spec):
