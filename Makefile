@@ -77,7 +77,7 @@ $(KUSTOMIZE_STAMP):
 
 kustomize: $(KUSTOMIZE_STAMP)
 
-# the tests start PostgreSQL and Redis of their own on free ports (tests/services.py), from Debian's binaries;
+# the tests start PostgreSQL and Redis of their own on free ports (deploy/local/services.py), from Debian's binaries;
 # the stand-in cluster's pods get network namespaces from iproute2 (tests/netns_pods.py)
 services:
 	@ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 && command -v redis-server > /dev/null \

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+sys.path[:0] = [str(REPO / "deploy" / "local"), str(REPO / "tests"), str(REPO)]
 
 from live_airflow import CeleryShape, LiveAirflow  # noqa: E402
 from mlflow_server import mlflow_server  # noqa: E402

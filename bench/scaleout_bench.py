@@ -46,7 +46,7 @@ import corpus  # noqa: E402
 import harness  # noqa: E402
 
 REPO = harness.REPO
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+sys.path[:0] = [str(REPO / "deploy" / "local"), str(REPO / "tests"), str(REPO)]
 
 from live_airflow import CeleryShape, LiveAirflow, wait_for  # noqa: E402
 from postgres import fresh_db, pg_uri  # noqa: E402

@@ -1,5 +1,6 @@
 """`make prod-local`: the production shape on this machine, by hand (what it starts, and how to use
-it: docs/deploy.md, "Start the same shape by hand"). Runs until Ctrl-C, then stops everything."""
+it: docs/deploy.md, "Start the same shape by hand"). Runs until Ctrl-C, then stops everything. Its
+servers are ``deploy/local/``'s, which the live tests start too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+sys.path[:0] = [str(REPO / "deploy" / "local"), str(REPO)]
 
 from live_airflow import CeleryShape, LiveAirflow  # noqa: E402
 from mlflow_server import mlflow_server  # noqa: E402
@@ -29,7 +30,8 @@ def main() -> None:
 
     broker = redis_url()
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C ends the wait below, never inside a lock
+        signal.signal(sig, lambda *_: done.set())
     with fresh_db("taxiway_airflow") as metadata, mlflow_server(args.root / "mlflow") as tracking:
         live = LiveAirflow(args.root / "deployment",
                            extra_env={"TAXIWAY_CONFIG": str(args.config), "MLFLOW_TRACKING_URI": tracking.uri},
@@ -45,13 +47,10 @@ def main() -> None:
                   f"logs           : {live.root}/*.log\n"
                   f"TAXIWAY_HOME   : {live.taxiway_home}\n"
                   "Ctrl-C stops everything.", flush=True)
-            try:
-                done.wait()
-            except KeyboardInterrupt:
+            while not done.wait(1.0):
                 pass
         finally:
-            live.stop()
-            broker.flushdb()
+            live.stop()  # the PostgreSQL database goes with fresh_db; Redis and S3 servers are this process's own
 
 
 if __name__ == "__main__":

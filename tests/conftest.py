@@ -188,7 +188,7 @@ def run_note(dag_id: str, run_id: str) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The folder of the session's own PostgreSQL, Redis and live Airflow (tests/services.py), made
+    """The folder of the session's own PostgreSQL, Redis and live Airflow (deploy/local/services.py), made
     before any xdist worker starts so that all of them share what the first test to need one starts."""
     import services
 
@@ -230,7 +230,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.fixture(scope="session")
 def live_airflow():
-    """The live tier's one LocalExecutor deployment (tests/live_airflow.py ``shared_local``), shared by
+    """The live tier's one LocalExecutor deployment (deploy/local/live_airflow.py ``shared_local``), shared by
     every test and xdist worker of the session: each test works in DAG runs and configs of its own."""
     from live_airflow import shared_local
 
@@ -241,7 +241,7 @@ def live_airflow():
 
 @pytest.fixture(scope="session")
 def postgres_db():
-    """A database of this worker's session on the session's PostgreSQL (tests/postgres.py), dropped at the end."""
+    """A database of this worker's session on the session's PostgreSQL (deploy/local/postgres.py), dropped at the end."""
     from postgres import fresh_db
 
     with fresh_db() as name:
@@ -250,7 +250,7 @@ def postgres_db():
 
 @pytest.fixture(scope="module")
 def tracking_server(tmp_path_factory):
-    """A real MLflow tracking server (tests/mlflow_server.py) for one module, which may stop and
+    """A real MLflow tracking server (deploy/local/mlflow_server.py) for one module, which may stop and
     restart it; its database is dropped when the module is done."""
     from mlflow_server import mlflow_server
 

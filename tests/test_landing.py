@@ -107,7 +107,7 @@ def test_batch_ids_are_plain_names(tmp_path: Path, bad: str):
 
 
 def test_a_landing_zone_on_s3_works_the_same(tmp_path: Path, monkeypatch):
-    """Object storage through fsspec (s3fs), against the tests' own S3 API server (tests/s3_server.py):
+    """Object storage through fsspec (s3fs), against the tests' own S3 API server (deploy/local/s3_server.py):
     what lands is listed, complete, and reads back byte for byte; a batch id is still taken once."""
     import s3_server
 

@@ -2,7 +2,7 @@
 Celery workers), a separate scheduler, dag-processor, triggerer and api-server, and an MLflow tracking
 server (its own PostgreSQL database, proxied artifacts) that every task reaches through
 ``MLFLOW_TRACKING_URI``. Each database is the test's own, dropped afterwards, on the session's own
-PostgreSQL (tests/postgres.py); the broker is the session's own Redis (tests/redis_server.py)."""
+PostgreSQL (deploy/local/postgres.py); the broker is the session's own Redis (deploy/local/redis_server.py)."""
 
 from __future__ import annotations
 

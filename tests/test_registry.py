@@ -1,5 +1,5 @@
 """Registration on real MLflow stores — SQLite, and PostgreSQL (a fresh database per session on the
-session's own server, tests/postgres.py) where it behaves differently — lineage, aliases, idempotence
+session's own server, deploy/local/postgres.py) where it behaves differently — lineage, aliases, idempotence
 after a crash, two runs finishing together, a deleted champion, an unreachable or briefly absent
 store, and ``taxiway generate`` loading a registered model. (The locks: test_champion_locks.py.)"""
 

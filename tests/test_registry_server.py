@@ -1,4 +1,4 @@
-"""Registration behind a real MLflow tracking server (tests/mlflow_server.py), where clients see
+"""Registration behind a real MLflow tracking server (deploy/local/mlflow_server.py), where clients see
 only ``http://``: the champion lock is a registered model with a lease, and a dead holder's lease
 is broken by exactly one of the processes waiting for it; a model is registered, promoted and
 generated from through the server alone."""

@@ -1,4 +1,4 @@
-"""The servers tests start for themselves (tests/services.py): the session's own, never the
+"""The servers tests start for themselves (deploy/local/services.py): the session's own, never the
 machine's (nothing on 5432 or 6379 is ever asked), shared by concurrent processes of one session the
 way xdist workers share them, and gone when the session ends."""
 
@@ -19,7 +19,7 @@ import redis_server
 import services
 from live_airflow import free_port, wait_for
 
-TESTS = Path(__file__).resolve().parent
+HARNESS = Path(__file__).resolve().parents[1] / "deploy" / "local"  # the servers' modules
 
 
 def test_postgres_is_the_sessions_own_server():
@@ -93,8 +93,8 @@ def test_a_session_starts_each_server_once_for_all_its_processes_and_stops_them_
                           "folder": str(services.session_dir())}}))
     """)
     env = {key: value for key, value in os.environ.items() if key != services.ENV}
-    done = subprocess.run([sys.executable, "-c", session], capture_output=True, text=True, cwd=TESTS,
-                          env={**env, "PYTHONPATH": str(TESTS)}, timeout=300)
+    done = subprocess.run([sys.executable, "-c", session], capture_output=True, text=True, cwd=HARNESS,
+                          env={**env, "PYTHONPATH": str(HARNESS)}, timeout=300)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     (pg_port, redis_port), other = seen["ports"]

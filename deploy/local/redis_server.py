@@ -1,5 +1,5 @@
 """The Redis that tests use (the Celery broker): a private ``redis-server`` of the test session
-(tests/services.py), Debian's binary on a free loopback port, nothing kept on disk.
+(deploy/local/services.py), Debian's binary on a free loopback port, nothing kept on disk.
 
 Not pytest-redis (5.0): its factory cannot switch snapshots off (an empty ``save`` is dropped, so
 Redis saves on its default schedule), always passes ``--timeout`` (15 s unless set, and 0 is

@@ -1,5 +1,5 @@
 """The S3 API that tests use: moto's standalone server (``moto_server``, PyPI's moto[server]), a
-private one of the test session (tests/services.py) on a free loopback port, as PostgreSQL and Redis
+private one of the test session (deploy/local/services.py) on a free loopback port, as PostgreSQL and Redis
 are. Clients reach it as they reach any S3-compatible store: ``AWS_ENDPOINT_URL`` and a key pair in
 the environment (``env()``), read by botocore for s3fs (data, landing) and for MLflow's boto3
 (artifacts) alike. It keeps everything in memory; each test makes a bucket of its own (``bucket()``).

@@ -1,4 +1,4 @@
-"""The PostgreSQL that tests use: a private server of the test session (tests/services.py), Debian's
+"""The PostgreSQL that tests use: a private server of the test session (deploy/local/services.py), Debian's
 binaries on a free loopback port, trust auth, superuser ``taxiway``; fresh databases of its own,
 created and dropped by name, and their SQLAlchemy URIs. Its data is thrown away with the session, so
 it never syncs to disk.

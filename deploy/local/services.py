@@ -1,4 +1,4 @@
-"""The servers tests start for themselves (tests/postgres.py, tests/redis_server.py), never the
+"""The servers tests start for themselves (deploy/local/postgres.py, deploy/local/redis_server.py), never the
 machine's own: each on a free loopback port, started by the first test that needs it, shared by the
 whole pytest session (its xdist workers included) and stopped when the session ends.
 

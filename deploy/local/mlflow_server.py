@@ -1,6 +1,6 @@
 """A real MLflow tracking server for tests: ``mlflow server`` on a free loopback port, its backend
 store a fresh PostgreSQL database of its own (dropped afterwards), artifacts proxied by the server
-(``--serve-artifacts``) to a bucket of the tests' S3 API server (tests/s3_server.py) — the shape of a
+(``--serve-artifacts``) to a bucket of the tests' S3 API server (deploy/local/s3_server.py) — the shape of a
 production deployment (deploy/overlays/production), where clients see only ``http://`` and only the
 server holds the object store's keys. ``stop()`` then ``start()`` restarts it on the same port and store, as a
 server restarted under its clients.

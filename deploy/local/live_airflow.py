@@ -7,7 +7,7 @@ go over loopback with a JWT from the simple auth manager: what a user meets, unl
 Each ``LiveAirflow`` owns its AIRFLOW_HOME, TAXIWAY_HOME and ports, and stops every process it
 started by process group. The live tier's LocalExecutor deployment is one for the whole session, its
 xdist workers included (``shared_local``): started by the first test that needs it, found again by the
-others from its ``state()``, stopped when the session ends (tests/services.py).
+others from its ``state()``, stopped when the session ends (deploy/local/services.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import yaml
 
 from pipelines.launch.local import free_port  # the tests' servers take their ports as the gang does
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # a credential planted in every live deployment's environment, as a real deployment's would be: no file
 # the deployment writes may hold it, whatever a trigger sends (tests/test_live_conf.py)
 PLANTED_SECRET = "postgresql://airflow:" + secrets.token_hex(8) + "@db/airflow"
@@ -440,7 +440,7 @@ def shared_local(tiny: Path) -> LiveAirflow:
     """The session's one LocalExecutor deployment (metadata on the session's PostgreSQL), with the tiny
     config's corpus, its landing zone and MLflow's artifacts in a bucket of the tests' S3 server
     (``bucket``), and ``taxiway_train`` unpaused: started by the first process that asks, under the
-    session's lock, and reached from every other (tests/services.py stops it when the session ends).
+    session's lock, and reached from every other (deploy/local/services.py stops it when the session ends).
     Tests share it as users share one: each works in DAG runs and config files of its own."""
     import services
     from postgres import create_db, pg_uri
