@@ -1,7 +1,9 @@
 """The production shape, run here: Airflow on PostgreSQL with the CeleryExecutor (Redis broker, two
 Celery workers), a separate scheduler, dag-processor, triggerer and api-server, and an MLflow tracking
 server (its own PostgreSQL database, proxied artifacts) that every task reaches through
-``MLFLOW_TRACKING_URI``. Each database is the test's own, dropped afterwards, on the session's own
+``MLFLOW_TRACKING_URI``. As docs/deploy.md's "Taxiway's own Airflow settings" says a team places its
+work: the tasks that need the training worker on the deployment's ``gpu_queue`` (here ``gpu``, which
+both workers listen on beside ``default``), registrations behind its ``registry_pool`` (one slot). Each database is the test's own, dropped afterwards, on the session's own
 PostgreSQL (deploy/local/postgres.py); the broker is the session's own Redis (deploy/local/redis_server.py)."""
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ pytestmark = pytest.mark.live
 DAG = "taxiway_train"
 MODEL = "taxiway-tiny-gpt"
 STEPS = 100  # the gang trains on while its task is lost; the retry finds it running or done
+GPU_QUEUE, REGISTRY_POOL = "gpu", "taxiway_registry"
+GPU_TASKS = ("train.smoke", "train.gang", "evaluate.score")
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +42,16 @@ def deployment(tmp_path_factory):
     root = tmp_path_factory.mktemp("celery")
     with fresh_db("taxiway_airflow") as metadata, mlflow_server(root / "mlflow") as tracking:
         live = LiveAirflow(root / "airflow-deployment",
-                           extra_env={"TAXIWAY_CONFIG": str(TINY), "MLFLOW_TRACKING_URI": tracking.uri},
-                           celery=CeleryShape(pg_uri(metadata), redis_url()))
+                           extra_env={"TAXIWAY_CONFIG": str(TINY), "MLFLOW_TRACKING_URI": tracking.uri,
+                                      "AIRFLOW__TAXIWAY__GPU_QUEUE": GPU_QUEUE,
+                                      "AIRFLOW__TAXIWAY__REGISTRY_POOL": REGISTRY_POOL},
+                           celery=CeleryShape(pg_uri(metadata), redis_url(), queues=("default", GPU_QUEUE)))
         write_demo_data(live.taxiway_home / "demo-data", seed=0, max_files=160)
         live.mlflow_uri, live.tracking, live.databases = tracking.uri, tracking, (metadata, tracking.db)
         with live.serving(DAG):
+            made = live.api.post("/api/v2/pools", json={"name": REGISTRY_POOL, "slots": 1,
+                                                        "description": "Taxiway registrations"})
+            assert made.status_code == 201, made.text
             yield live
 
 
@@ -107,6 +116,10 @@ def test_a_celery_worker_killed_while_it_holds_the_training_task_is_survived(dep
     tis = live.task_instances(DAG, run_id)
     assert run["state"] == "success", {k: (t["state"], t["try_number"]) for k, t in tis.items()}
     assert tis["train.gang"]["try_number"] >= 2, tis["train.gang"]
+    # placement: the training worker's tasks went through the gpu queue, registration through its pool
+    assert {t: tis[t]["queue"] for t in GPU_TASKS} == dict.fromkeys(GPU_TASKS, GPU_QUEUE)
+    assert {ti["queue"] for t, ti in tis.items() if t not in GPU_TASKS} == {"default"}
+    assert tis["register.model_version"]["pool"] == REGISTRY_POOL and tis["tokenize.pack"]["pool"] == "default_pool"
     model = json.loads((run_dir / "model" / "model.json").read_text())
     assert model["global_step"] == STEPS
     # the retry found the gang through the task's stored job id and took it over (still running, or

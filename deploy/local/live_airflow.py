@@ -84,12 +84,14 @@ def production_config() -> dict[str, str]:
 @dataclass(frozen=True)
 class CeleryShape:
     """The distributed deployment: metadata on PostgreSQL (``metadata_uri``, also the Celery result
-    backend), Redis as the broker, ``workers`` Celery workers of ``concurrency`` slots each."""
+    backend), Redis as the broker, ``workers`` Celery workers of ``concurrency`` slots each, each
+    listening on ``queues`` (docs/deploy.md: the deployment's ``gpu_queue`` needs a worker of its own)."""
 
     metadata_uri: str
     broker_url: str
     workers: int = 2
     concurrency: int = 4
+    queues: tuple[str, ...] = ("default",)
 
     def env(self) -> dict[str, str]:
         return {"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
@@ -105,7 +107,7 @@ class CeleryShape:
     def components(self) -> list[tuple[str, list[str], dict[str, str]]]:
         """Each worker with its own Celery node name and log server port (they share one host)."""
         return [(f"celery-worker-{i}", ["celery", "worker", "--celery-hostname", f"w{i}@%h", "--without-mingle",
-                                        "--without-gossip"],
+                                        "--without-gossip", "--queues", ",".join(self.queues)],
                  {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}) for i in range(1, self.workers + 1)]
 
 
