@@ -42,9 +42,11 @@ os.environ.update({
     "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
     "TAXIWAY_CONFIG": str(REPO / "configs" / "tiny.yaml"),
     # the product's own pace, set for dag.test() runs (a live deployment keeps the defaults): a gang's
-    # event never sooner than this after its trigger started (triggers/gang.py), the final checkpoint poked
+    # event never sooner than this after its trigger started (triggers/gang.py), the final checkpoint poked,
+    # a failed gang relaunched (dag.test() waits out a retry's delay in real time)
     "AIRFLOW__TAXIWAY__MIN_EVENT_DELAY_S": "2",
     "AIRFLOW__TAXIWAY__CHECKPOINT_POKE_S": "1",
+    "AIRFLOW__TAXIWAY__GANG_RETRY_DELAY_S": "1",
 })
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 sys.path.insert(0, str(REPO / "plugins"))

@@ -112,7 +112,9 @@ def test_the_config_defaults_are_the_codes_fallbacks():
     from taxiway_airflow.triggers.gang import MIN_EVENT_DELAY_S
 
     options = CONFIG["taxiway"]["options"]
-    assert set(options) == {"min_event_delay_s", "checkpoint_poke_s", placement.GPU_QUEUE, placement.REGISTRY_POOL}
+    assert set(options) == {"min_event_delay_s", "checkpoint_poke_s", placement.GPU_QUEUE, placement.REGISTRY_POOL,
+                            placement.GANG_RETRY_DELAY}
+    assert float(options[placement.GANG_RETRY_DELAY]["default"]) == placement.GANG_RETRY_DELAY_S
     assert float(options["min_event_delay_s"]["default"]) == MIN_EVENT_DELAY_S
     assert float(options["checkpoint_poke_s"]["default"]) == POKE_INTERVAL_S
     assert options["gpu_queue"]["default"] == options["registry_pool"]["default"] == ""

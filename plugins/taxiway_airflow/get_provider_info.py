@@ -33,6 +33,12 @@ CONFIG: dict[str, Any] = {
                                "model (rescheduled between pokes: it holds no worker slot).",
                 "version_added": "0.1.0", "type": "float", "example": "1", "default": "5.0",
             },
+            "gang_retry_delay_s": {
+                "description": "How long, in seconds, a failed or stalled training gang's task waits before "
+                               "its retry relaunches the gang from the newest valid checkpoint; doubled on each "
+                               "retry, at most 10 minutes. Read when DAG files are parsed.",
+                "version_added": "0.1.0", "type": "float", "example": "30", "default": "10.0",
+            },
             "gpu_queue": {
                 "description": "The executor queue of the tasks that need the training worker (a GPU, or "
                                "a big worker's memory): the smoke test, the local gang, the evaluation. "

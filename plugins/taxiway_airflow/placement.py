@@ -10,17 +10,22 @@
   holds its tasks in ``scheduled`` for ever (the scheduler only logs "Tasks using non-existent pool"),
   so the deployment creates it first (``airflow pools set <name> <slots> <description>``).
 
-Both are read when a DAG file is parsed: a task's queue and pool are part of the DAG's shape.
+- ``gang_retry_delay_s``: how long a failed or stalled gang's task waits before its retry relaunches
+  it (doubling on each retry, at most 10 minutes): time for a lost node to come back or be replaced.
+
+All are read when a DAG file is parsed: a task's queue, pool and retries are part of the DAG's shape.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk.configuration import conf
 
 SECTION = "taxiway"
-GPU_QUEUE, REGISTRY_POOL = "gpu_queue", "registry_pool"
+GPU_QUEUE, REGISTRY_POOL, GANG_RETRY_DELAY = "gpu_queue", "registry_pool", "gang_retry_delay_s"
+GANG_RETRY_DELAY_S = 10.0
 
 
 def _setting(key: str) -> str:
@@ -37,3 +42,11 @@ def registry_work() -> dict[str, Any]:
     """Operator arguments of a task that writes to the model registry: ``pool`` when the deployment names one."""
     pool = _setting(REGISTRY_POOL)
     return {"pool": pool} if pool else {}
+
+
+def gang_retries() -> dict[str, Any]:
+    """Operator arguments of a training gang's task: three retries, each relaunching from the newest valid
+    checkpoint after ``gang_retry_delay_s``, doubled per retry up to 10 minutes."""
+    delay = conf.getfloat(SECTION, GANG_RETRY_DELAY, fallback=GANG_RETRY_DELAY_S)
+    return {"retries": 3, "retry_delay": timedelta(seconds=delay), "retry_exponential_backoff": 2.0,
+            "max_retry_delay": timedelta(minutes=10)}

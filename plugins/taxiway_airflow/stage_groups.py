@@ -5,7 +5,6 @@ training worker's queue and the registry's pool are the deployment's (``placemen
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import TaskGroup
@@ -13,7 +12,7 @@ from airflow.sdk import TaskGroup
 from taxiway_airflow.links import EVALUATE_LINKS, REGISTER_LINKS, with_links
 from taxiway_airflow.operators.approval import ApprovalGate, ApprovalReminder
 from taxiway_airflow.operators.gang import TrainGang
-from taxiway_airflow.placement import gpu_work, registry_work
+from taxiway_airflow.placement import gang_retries, gpu_work, registry_work
 from taxiway_airflow.sensors.checkpoint import CheckpointSensor
 from taxiway_airflow.stage_docs import STAGES
 from taxiway_airflow.tasks import train as tasks
@@ -70,16 +69,14 @@ def training(run: Any) -> tuple[Any, Any]:
 
     Local: ``TrainGang``. Kubernetes: headless Service (setup) → ``GangJob`` → teardown (docs/deploy.md).
     Either way the gang task holds the launcher; retries relaunch from the newest valid checkpoint."""
-    retry = {"retry_delay": timedelta(seconds=10), "max_retry_delay": timedelta(minutes=10)}
     smoke = tasks.smoke.override(task_id="smoke", **gpu_work())(run)
     if launcher() == "kubernetes":
         # the provider's operator costs ~1 s of every parse: imported only on this launcher
         from taxiway_airflow.operators.kubernetes import training_gang
 
-        first, gang = training_gang(run, **retry)  # its pods do the work: the default queue
+        first, gang = training_gang(run, **gang_retries())  # its pods do the work: the default queue
     else:
-        first = gang = TrainGang(task_id="gang", run=run, retries=3, retry_exponential_backoff=2.0, **retry,
-                                 **gpu_work())
+        first = gang = TrainGang(task_id="gang", run=run, **gang_retries(), **gpu_work())
     final = CheckpointSensor(task_id="final_checkpoint", run=run)
     smoke >> first
     gang >> final

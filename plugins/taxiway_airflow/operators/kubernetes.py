@@ -56,7 +56,6 @@ def training_gang(run: Any, **job_kwargs: Any) -> tuple[Any, Any]:
     Returns (first, gang) so the caller chains ``upstream >> first`` and ``gang >> downstream``.
     """
     service = gang_service.override(task_id="service")(run)
-    job_kwargs = {"retries": 3, "retry_exponential_backoff": 2.0, **job_kwargs}
     gang = GangJob(task_id="gang", run=run, **job_kwargs)
     teardown = delete_gang.override(task_id="teardown")(run)
     service >> gang >> teardown.as_teardown(setups=service)
