@@ -442,6 +442,19 @@ def test_unknown_launcher_is_an_import_error():
     assert any("TAXIWAY_LAUNCHER" in err for err in parsed["errors"].values()), parsed["errors"]
 
 
+def test_both_launchers_answer_the_one_protocol():
+    """``Launcher`` and ``Cluster`` as the operators rely on them: each launcher has the five calls, and the
+    provider hook's cluster has every call a Kubernetes launcher makes."""
+    from pipelines.launch import Launcher
+    from pipelines.launch.cluster import Cluster
+    from pipelines.launch.launchers import KubernetesLauncher, LocalLauncher
+    from taxiway_airflow.hooks.kubernetes import HookCluster
+
+    cluster = HookCluster(hook=None)
+    assert isinstance(cluster, Cluster)
+    assert isinstance(LocalLauncher(), Launcher) and isinstance(KubernetesLauncher(cluster, config(1, False).compute.kubernetes), Launcher)
+
+
 # --- the operator's calls, against a stand-in API server -----------------------------------------
 
 class _Store:

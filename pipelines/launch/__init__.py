@@ -13,13 +13,14 @@ Rooms:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pipelines.launch.spec import LaunchSpec
 
 H = TypeVar("H")
 
 
+@runtime_checkable
 class Launcher(Protocol[H]):
     """Where a gang runs. ``H`` is the launcher's handle: plain data a later process (a retried task, a
     trigger in another process) loads again, so nobody has to be the gang's parent."""

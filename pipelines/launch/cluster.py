@@ -4,9 +4,10 @@ so this layer never imports Airflow."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
+@runtime_checkable
 class Cluster(Protocol):
     def create_service(self, namespace: str, service: dict[str, Any]) -> bool:
         """Create it; False when it exists already."""

@@ -71,8 +71,8 @@ class KubernetesLauncher:
         return k8s.render(spec, self.pods)
 
     def handle(self, spec: LaunchSpec) -> dict[str, str]:
-        gang = self.render(spec)
-        return {"name": gang.job_name, "namespace": gang.namespace, "service": gang.service_name}
+        """The handle of ``spec``'s gang (its names), without launching it: what a teardown finishes."""
+        return _handle(self.render(spec))
 
     def open(self, spec: LaunchSpec) -> bool:
         """The headless Service that makes rank 0 resolvable, made once per run before its first Job (a
@@ -89,7 +89,7 @@ class KubernetesLauncher:
         self.cluster.create_service(gang.namespace, gang.service)  # made by the setup; here for a lone launch
         self.cluster.create_job(gang)
         log.info("created Indexed Job %s/%s: %d node pod(s)", gang.namespace, gang.job_name, spec.nodes)
-        return self.handle(spec)
+        return _handle(gang)
 
     def state(self, handle: dict[str, str]) -> str:
         """A Job on its way out (deleted for a stall or a cancel) reads ``canceled``, a gone one ``failed``."""
@@ -115,3 +115,7 @@ class KubernetesLauncher:
     def _wait_s(self) -> float:
         return self.pods.termination_grace_s + 60
 
+
+
+def _handle(gang: k8s.Gang) -> dict[str, str]:
+    return {"name": gang.job_name, "namespace": gang.namespace, "service": gang.service_name}
