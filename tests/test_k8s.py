@@ -382,7 +382,7 @@ def test_run_folder_must_be_on_the_pods_volume(home: Path, tmp_path: Path, monke
 
 # --- the DAG, parsed for a Kubernetes deployment -----------------------------------------------
 
-def _parse_dag(launcher: str) -> dict[str, Any]:
+def _parse_dag(launcher: str, **env: str) -> dict[str, Any]:
     """Parse the DAG folder in a fresh interpreter with TAXIWAY_LAUNCHER set, as the DAG processor would."""
     code = f"""
 import json, sys
@@ -397,12 +397,13 @@ for dag_id, key in (("taxiway_train", "tasks"), ("taxiway_sweep", "sweep_tasks")
         out[key] = {{t.task_id: {{"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
                      "setup": t.is_setup, "teardown": t.is_teardown,
                      "attrs": {{a: getattr(t, a, None) for a in ("completion_mode", "backoff_limit", "deferrable",
-                               "wait_until_job_complete", "durable", "retries", "retry_exponential_backoff")}}}}
+                               "wait_until_job_complete", "durable", "retries", "retry_exponential_backoff",
+                               "retry_delay")}}}}
                     for t in dag.tasks}}
 print(json.dumps(out, default=str))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**os.environ, "TAXIWAY_LAUNCHER": launcher})
+                          env={**os.environ, "TAXIWAY_LAUNCHER": launcher, **env})
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -416,6 +417,7 @@ def test_dag_parses_for_kubernetes_with_setup_and_teardown():
     assert gang["attrs"]["completion_mode"] == "Indexed" and gang["attrs"]["backoff_limit"] == 0
     assert gang["attrs"]["deferrable"] and gang["attrs"]["wait_until_job_complete"] and gang["attrs"]["durable"]
     assert gang["attrs"]["retries"] >= 1
+    assert gang["attrs"]["retry_delay"] == "0:00:01"  # [taxiway] gang_retry_delay_s, as conftest sets it
     assert "train.smoke" in service["upstream"]
     assert "train.service" in gang["upstream"]
     assert {"train.gang", "train.service"} <= set(teardown["upstream"])
@@ -434,12 +436,16 @@ def test_dag_for_local_deployments_is_unchanged_and_skips_the_provider():
     assert parsed["errors"] == {}
     assert "train.service" not in parsed["tasks"] and parsed["tasks"]["train.gang"]["type"] == "TrainGang"
     assert parsed["sweep_tasks"]["sweep.member.gang"]["type"] == "TrainGang"
+    assert parsed["tasks"]["train.gang"]["attrs"]["retry_delay"] == "0:00:01"  # [taxiway] gang_retry_delay_s
     assert parsed["provider_job_imported"] is False  # about a second of parse time saved
 
 
 def test_unknown_launcher_is_an_import_error():
     parsed = _parse_dag("kubernets")
     assert any("TAXIWAY_LAUNCHER" in err for err in parsed["errors"].values()), parsed["errors"]
+    parsed = _parse_dag("local", AIRFLOW__TAXIWAY__GANG_RETRY_DELAY_S="-5")  # the deployment's own, checked
+    assert any("[taxiway] gang_retry_delay_s = -5: expected seconds from 0 to 600" in err
+               for err in parsed["errors"].values()), parsed["errors"]
 
 
 def test_both_launchers_answer_the_one_protocol():

@@ -48,5 +48,7 @@ def gang_retries() -> dict[str, Any]:
     """Operator arguments of a training gang's task: three retries, each relaunching from the newest valid
     checkpoint after ``gang_retry_delay_s``, doubled per retry up to 10 minutes."""
     delay = conf.getfloat(SECTION, GANG_RETRY_DELAY, fallback=GANG_RETRY_DELAY_S)
+    if not 0 <= delay <= 600:
+        raise ValueError(f"[{SECTION}] {GANG_RETRY_DELAY} = {delay:g}: expected seconds from 0 to 600")
     return {"retries": 3, "retry_delay": timedelta(seconds=delay), "retry_exponential_backoff": 2.0,
             "max_retry_delay": timedelta(minutes=10)}
