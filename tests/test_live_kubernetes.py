@@ -43,11 +43,13 @@ from pipelines.launch import k8s
 from pipelines.run_folder import RunFolder
 from pipelines.run_folder import run_dir as run_folder_of
 from trainer import checkpoint
+from trainer.status import State
 
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(netns_pods.available() is not None, reason=str(netns_pods.available()))]
 DAG = "taxiway_train"
 GANG = "train.gang"
+TRAINING = (State.RUNNING, State.CHECKPOINTING)  # a trainer between its steps and its checkpoints
 IMAGE = "registry.example.com/taxiway-trainer@sha256:" + "0123456789abcdef" * 4
 STALL_S = 10
 
@@ -256,8 +258,10 @@ def test_a_cut_pod_is_a_stall_a_lost_worker_reattaches_and_a_cancel_deletes_the_
     # 0. the loss curve reaches MLflow while the gang trains: the triggerer ships it, logged in
     curve = _live_curve(live, run_id, min_points=5, monkeypatch=monkeypatch)
     gang = live.task_instance(DAG, run_id, GANG)  # still training, still the first try's trigger: it shipped them
-    assert _status(run_dir)["state"] == "running" and (gang["state"], gang["try_number"]) == ("deferred", 1), gang
-    assert sorted(m.step for m in curve)[-1] <= _status(run_dir)["step"], curve
+    # a checkpoint every 5 steps: the trainer is as likely to be checkpointing as running when looked at
+    assert _status(run_dir)["state"] in TRAINING and (gang["state"], gang["try_number"]) == ("deferred", 1), gang
+    # the shipped points are the run's own logged steps (status.json's step is throttled, metrics.jsonl is not)
+    assert {m.step for m in curve} <= _losses(run_dir).keys(), curve
     cut_at = time.monotonic()
     kube.cut(pods[1]["metadata"]["name"])
 
