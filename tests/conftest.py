@@ -169,11 +169,15 @@ def in_task(dag_id: str, run_id: str, triggered_by: str | None = None, conf: dic
 
 
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
-# the longest modules first, so no long module starts last and runs alone (--durations=0 of each tier)
 SPREAD = ("test_live_cancel.py", "test_live_conf.py", "test_live_sweep.py")  # their tests share only live_airflow
-LONGEST_FIRST = ("test_live_kubernetes.py", "test_live_celery.py", "test_live_cancel.py::test_a_cancel_while_deferred", "test_live_ui.py",
-                 "test_live_approval.py",
-                 "test_live_refresh.py", "test_live_cancel.py", "test_live_sweep.py::test_a_sweep_over_rest",
+# one work unit: the live modules that keep the most training runs going on the shared deployment (approval
+# five side by side, refresh three in a row); on two workers side by side they took each other's slots and
+# cores, and starved each other's runs past their clocks
+BUSIEST = ("test_live_approval.py", "test_live_refresh.py")
+# the longest modules first, so no long module starts last and runs alone (--durations=0 of each tier)
+LONGEST_FIRST = ("test_live_approval.py", "test_live_refresh.py", "test_live_kubernetes.py", "test_live_celery.py",
+                 "test_live_cancel.py::test_a_cancel_while_deferred", "test_live_ui.py",
+                 "test_live_cancel.py", "test_live_sweep.py::test_a_sweep_over_rest",
                  "test_live_standalone.py",
                  "test_registry.py", "test_e2e_dag.py", "test_gang.py", "test_refresh_dag.py", "test_champion_locks.py",
                  "test_trainer_fsdp.py", "test_cli.py")  # modules, or module::test prefixes
@@ -218,13 +222,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     built once per module; units go out in collection order. The tests of a live module that uses
     nothing but the session's shared deployment (``live_airflow``) are units of their own instead:
     they spend their time waiting on it, and spread over the workers none of them waits behind
-    another."""
+    another. The ``BUSIEST`` modules are one unit: one worker runs them one after the other."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return nodeid if module.rsplit("/", 1)[-1] in SPREAD else module
+            name = module.rsplit("/", 1)[-1]
+            return nodeid if name in SPREAD else " + ".join(BUSIEST) if name in BUSIEST else module
 
     config.option.loadscopereorder = False  # keep the collection order: the longest first
     return ModuleScheduling(config, log)

@@ -360,7 +360,10 @@ class LiveAirflow:
             run = self.dag_run(dag_id, run_id)
             return run if run["state"] in TERMINAL else None
 
-        return wait_for(f"run {run_id} to finish", probe, timeout_s, every_s=2)
+        def explain() -> str:  # where a run that did not finish in time was stuck
+            return str({k: (ti["state"], ti["try_number"]) for k, ti in self.task_instances(dag_id, run_id).items()})
+
+        return wait_for(f"run {run_id} to finish", probe, timeout_s, every_s=2, explain=explain)
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str | None:
         """A try's log file as the worker wrote it (JSON lines), or None before it exists."""
