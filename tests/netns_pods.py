@@ -85,20 +85,22 @@ class PodNetwork:
         return pod
 
     def _write_hosts(self, subdomain: str) -> None:
+        """Under the lock from the look at the pods to the last write: pods are added from a thread each,
+        and a view written after a newer one would leave a pod blind to the newest for good."""
         with self.lock:
             group = [p for p in self.pods if p.subdomain == subdomain]
-        lines = ["127.0.0.1 localhost"] + [f"{p.address} {p.fqdn} {p.cluster_fqdn} {p.name}" for p in group]
-        data = ("\n".join(lines) + "\n").encode()
-        for pod in group:
-            folder = NETNS_ETC / pod.netns
-            folder.mkdir(parents=True, exist_ok=True)
-            # rewritten in place, in one write: a running pod sees the file through a bind mount of
-            # its inode, which a rename would leave behind (as DNS, a name may be missing for a moment)
-            fd = os.open(folder / "hosts", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            lines = ["127.0.0.1 localhost"] + [f"{p.address} {p.fqdn} {p.cluster_fqdn} {p.name}" for p in group]
+            data = ("\n".join(lines) + "\n").encode()
+            for pod in group:
+                folder = NETNS_ETC / pod.netns
+                folder.mkdir(parents=True, exist_ok=True)
+                # rewritten in place, in one write: a running pod sees the file through a bind mount of
+                # its inode, which a rename would leave behind (as DNS, a name may be missing for a moment)
+                fd = os.open(folder / "hosts", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
 
     def exec_prefix(self, pod: Pod) -> list[str]:
         """What runs a command inside the pod's network namespace (its own address and hosts file)."""

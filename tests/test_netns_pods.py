@@ -72,3 +72,30 @@ def test_a_pod_added_later_is_named_in_the_hosts_of_pods_already_running(network
     second = network.add("gang-1", "svc")
     out, _ = waiting.communicate(timeout=60)
     assert out.strip() == second.address
+
+
+
+def test_a_pod_added_while_another_is_named_is_named_in_both(network, monkeypatch):
+    """The stand-in's kubelet adds a Job's pods from a thread each: a hosts file written from an older
+    view of the subdomain, after a newer one, would leave that pod blind to the other for good. Here the
+    first pod's hosts file is opened late, and the second pod is added meanwhile."""
+    import os
+    import threading
+
+    opening, real_open = threading.Event(), os.open
+
+    def slow_open(path, flags: int, *args):
+        if str(path).endswith("/hosts") and not opening.is_set():  # the first pod's view, before it is written
+            opening.set()
+            threading.Event().wait(1.0)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", slow_open)
+    first = threading.Thread(target=network.add, args=("gang-0", "svc"))
+    first.start()
+    assert opening.wait(30)
+    network.add("gang-1", "svc")
+    first.join()
+    for pod in network.pods:
+        names = (netns_pods.NETNS_ETC / pod.netns / "hosts").read_text().split()
+        assert {"gang-0.svc", "gang-1.svc"} <= set(names), (pod.name, names)
