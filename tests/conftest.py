@@ -48,6 +48,10 @@ os.environ.update({
     "AIRFLOW__TAXIWAY__CHECKPOINT_POKE_S": "1",
     "AIRFLOW__TAXIWAY__GANG_RETRY_DELAY_S": "1",
 })
+# torch on one thread in every test process and the deployments they start: three xdist workers share two
+# cores, and torch's default (a thread per core in each) oversubscribes them, its idle threads spinning
+# (make test on one VM: 673 s wall at torch's default of 2 threads, 585 s at 1). A gang sets its own (threads_per_proc).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 sys.path.insert(0, str(REPO / "plugins"))
 
