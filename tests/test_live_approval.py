@@ -70,7 +70,9 @@ def test_a_promotion_waits_for_a_person_approve_reject_or_timeout(live_airflow, 
               for timeout in (TIMEOUT_S, 3600)}
     runs = {}
     for decision, seed in (("approve", 1), ("reject", 2), ("timeout", 3), ("forged", 4), ("self", 5)):
-        made = live.trigger(DAG, {**policy[TIMEOUT_S if decision == "timeout" else 3600], "train": {"seed": seed}})
+        # one node each: five gangs at once on two cores, and a gang's nodes are not what this test is about
+        made = live.trigger(DAG, {**policy[TIMEOUT_S if decision == "timeout" else 3600], "train": {"seed": seed},
+                                  "compute": {"nodes": 1}})
         assert made.status_code == 200, made.text
         runs[decision] = made.json()["dag_run_id"]
 
