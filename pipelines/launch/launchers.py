@@ -116,6 +116,5 @@ class KubernetesLauncher:
         return self.pods.termination_grace_s + 60
 
 
-
 def _handle(gang: k8s.Gang) -> dict[str, str]:
     return {"name": gang.job_name, "namespace": gang.namespace, "service": gang.service_name}
