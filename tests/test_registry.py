@@ -156,6 +156,31 @@ def test_registration_records_lineage_then_a_worse_model_is_challenger(backend, 
     assert challenger.tags["taxiway.baseline_version"] == f"models:/{name}/1"
 
 
+def test_a_version_is_saved_without_loading_its_model_and_keeps_its_serving_params(models, tmp_path: Path,
+                                                                                    monkeypatch):
+    """Saving a Llama's MLflow Model never loads the model (MLflow predicts the input example when it infers
+    a signature from ``predict``'s type hints: a whole model in memory to register it), and the signature a
+    server checks requests against keeps ``max_new_tokens`` and ``temperature``."""
+    import transformers
+    import yaml
+
+    from pipelines.registry import served
+
+    loaded = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
+
+    class Logged:
+        def log_artifacts(self, run_id: str, path: str, artifact_path: str) -> None:
+            shutil.copytree(path, tmp_path / artifact_path)
+
+    served.log_model(Logged(), "run", models["weak"] / "model")
+    assert loaded == [], "the model was loaded to save it"
+    mlmodel = yaml.safe_load((tmp_path / served.ARTIFACT / "MLmodel").read_text())
+    params = {p["name"]: p.get("default") for p in json.loads(mlmodel["signature"]["params"])}
+    assert params == {"max_new_tokens": 64, "temperature": 0.0}, params
+    assert (tmp_path / served.ARTIFACT / mlmodel["saved_input_example_info"]["artifact_path"]).is_file()
+
+
 def test_crashed_attempts_are_retried_into_one_version(backend, models, home: Path, monkeypatch):
     from mlflow import MlflowClient
 
@@ -525,3 +550,4 @@ def test_with_approval_required_only_a_persons_approval_moves_the_champion(model
     assert c.get_model_version(name, "1").tags["taxiway.approval.by"] == "(timeout)"
     with pytest.raises(Exception, match="not waiting for approval"):
         _decide(run_dir, "approved", "eve")
+

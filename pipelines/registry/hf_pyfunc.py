@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlflow
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 DEFAULT_NEW_TOKENS = 64
@@ -23,11 +24,14 @@ class TextGeneration(PythonModel):
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
 
-    def predict(self, context: Any, model_input: list[str], params: dict[str, Any] | None = None) -> list[str]:
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
+        """``model_input``: the prompts, as MLflow hands over the input of the model's signature (one string
+        column). A DataFrame hint, not ``list[str]``: MLflow infers no signature from it, so saving the model
+        never loads it to predict an example, and the logged signature keeps its ``params``."""
         import torch  # as above
 
         params = params or {}
-        prompts = list(model_input)  # MLflow validates and converts the input by the list[str] hint
+        prompts = model_input.iloc[:, 0].astype(str).tolist()
         temperature = float(params.get("temperature", 0.0))
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         out = []
