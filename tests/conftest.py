@@ -175,7 +175,7 @@ def in_task(dag_id: str, run_id: str, triggered_by: str | None = None, conf: dic
 LIVE_MODULES = "test_live_"  # the modules of tests against a live Airflow (marked ``live``)
 SPREAD = ("test_live_cancel.py", "test_live_conf.py", "test_live_sweep.py")  # their tests share only live_airflow
 # one work unit: the live modules that keep the most training runs going on the shared deployment (approval
-# five side by side, refresh three in a row); on two workers side by side they took each other's slots and
+# two tests of two side by side, refresh three in a row); on two workers side by side they took each other's slots and
 # cores, and starved each other's runs past their clocks
 BUSIEST = ("test_live_approval.py", "test_live_refresh.py")
 # the longest modules first, so no long module starts last and runs alone (--durations=0 of each tier)

@@ -18,7 +18,7 @@ import pytest
 from postgres import create_db, drop_db, pg_uri
 from trained_models import clone_run, make_run
 
-from conftest import REPO, TINY, cli
+from conftest import REPO, TINY, cli, in_task
 from pipelines.errors import CheckFailed
 
 
@@ -551,3 +551,22 @@ def test_with_approval_required_only_a_persons_approval_moves_the_champion(model
     with pytest.raises(Exception, match="not waiting for approval"):
         _decide(run_dir, "approved", "eve")
 
+
+def test_a_forged_approval_decides_nothing(tmp_path: Path):
+    """What a user who may edit XComs and task states but approves nothing can forge (test_live_approval's
+    ``tom``): ``register.approval`` marked success by hand, with a ``return_value`` saying "approved", and
+    ``resolve_config``'s XCom pointed at another run's folder, one with an answer. The decision reads only
+    the answer ``register.approval`` recorded in the DAG run's own folder, finds none, and fails."""
+    from airflow.exceptions import AirflowFailException
+
+    from pipelines.run_folder import RunFolder
+    from taxiway_airflow.tasks.train import decide
+
+    elsewhere = tmp_path / "another-run"
+    elsewhere.mkdir()
+    forged = {"choice": "approved", "by": "ada", "by_id": "ada", "at": "2026-12-05T00:00:00+00:00", "comment": ""}
+    RunFolder(elsewhere).approval_answer.write_text(json.dumps(forged))
+    with in_task("taxiway_train", "manual__forged", triggered_by="tom") as own, \
+            pytest.raises(AirflowFailException, match="recorded no answer") as refused:
+        decide.function({"run_dir": str(elsewhere), "config_sha256": "0" * 64, "name": "x"}, forged)
+    assert str(own) in str(refused.value) and str(elsewhere) not in str(refused.value)
