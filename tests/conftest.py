@@ -271,8 +271,12 @@ def tracking_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's chromium driven by Playwright (pinned; no browser download), for the browser tests."""
-    from playwright.sync_api import sync_playwright
+    """Debian's chromium driven by Playwright (pinned; no browser download), for the browser tests. An
+    ``expect`` waits up to 60 s, as a page's actions do (``set_default_timeout``): on a busy 2-core machine
+    the UI's pages take seconds to load their data, past ``expect``'s default of 5 s."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=60_000)
 
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is not installed (make browser installs it: apt-get install chromium)"

@@ -59,7 +59,6 @@ def test_a_retried_run_and_a_failed_one_in_the_browser(live_airflow, browser, sh
 def _walk_the_console(page, live, good_id: str, bad_id: str, shots: Path) -> None:
     from playwright.sync_api import expect
 
-    expect.set_options(timeout=60_000)  # the UI's first load on a busy machine takes seconds
     sign_in(page, live.url, live.password)
 
     # the view, from its entry in the navigation (Browse → Training runs: an iframe in Airflow's own page)
@@ -133,7 +132,6 @@ def test_a_quarantined_batch_released_in_the_browser(live_airflow, browser, shot
         context.add_cookies([{"name": "_token", "value": own.token(), "url": own.url}])
         page = context.new_page()
         page.set_default_timeout(60_000)
-        expect.set_options(timeout=60_000)
         page.goto(f"{own.url}/taxiway/runs")
         page.get_by_role("link", name="Landed batches →").click()
         row = page.locator("tr[data-batch-id='2026-12-03-logs']")
