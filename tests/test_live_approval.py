@@ -86,6 +86,12 @@ def wait_awaiting(live, runs: dict[str, str], *decisions: str) -> None:
         wait_for(f"the {decision} run to wait for approval", lambda d=decision: awaiting(runs[d]), 240, every_s=2)
 
 
+def explain(live, run_id: str) -> str:
+    """The states of a run's ``register`` tasks, and its approval's log: why its decision ended as it did."""
+    states = {k: ti["state"] for k, ti in live.task_instances(DAG, run_id).items() if k.startswith("register.")}
+    return f"{states}\nregister.approval's log:\n{(live.task_log(DAG, run_id, 'register.approval') or '')[-4000:]}"
+
+
 def versions(c: Any, model: str, runs: dict[str, str]) -> dict[str, Any]:
     return {d: c.search_model_versions(f"name='{model}' and tag.`airflow.run_id`='{r}'")[0] for d, r in runs.items()}
 
@@ -163,9 +169,8 @@ def test_an_approval_is_refused_to_a_non_approver_and_to_the_triggering_user_and
     assert live.api.patch(hitl(runs["self"]), json={"chosen_options": ["Approve"]}).status_code == 200
 
     ended = {d: live.wait_run(DAG, r, timeout_s=240)["state"] for d, r in runs.items()}
-    assert ended == {"timeout": "success", "self": "failed"}, ended
     decided = {d: live.task_instances(DAG, r)["register.decision"]["state"] for d, r in runs.items()}
-    assert decided == {"timeout": "success", "self": "failed"}, decided
+    assert (ended, decided) == ({"timeout": "success", "self": "failed"},) * 2, (ended, explain(live, runs["self"]))
     log = live.task_log(DAG, runs["self"], "register.decision", 1) or ""
     assert "user 'admin' triggered this run, and may not answer its own approval" in log, log[-2000:]
     record = json.loads((own / "registry.json").read_text())
