@@ -87,9 +87,14 @@ def wait_awaiting(live, runs: dict[str, str], *decisions: str) -> None:
 
 
 def explain(live, run_id: str) -> str:
-    """The states of a run's ``register`` tasks, and its approval's log: why its decision ended as it did."""
+    """The states of a run's ``register`` tasks, the scheduler's "state mismatch" events for the run (a task it
+    failed as killed externally, on an executor event for a finished process), and its approval's log: why
+    its decision ended as it did."""
     states = {k: ti["state"] for k, ti in live.task_instances(DAG, run_id).items() if k.startswith("register.")}
-    return f"{states}\nregister.approval's log:\n{(live.task_log(DAG, run_id, 'register.approval') or '')[-4000:]}"
+    mismatches = [e.get("extra") for e in live.api.get("/api/v2/eventLogs", params={
+        "dag_id": DAG, "run_id": run_id, "event": "state mismatch"}).json().get("event_logs", [])]
+    return (f"{states}\nstate mismatch events: {mismatches}\n"
+            f"register.approval's log:\n{(live.task_log(DAG, run_id, 'register.approval') or '')[-4000:]}")
 
 
 def versions(c: Any, model: str, runs: dict[str, str]) -> dict[str, Any]:
