@@ -77,13 +77,22 @@ def trigger(live, model: str, seed: int, timeout_s: int = 3600) -> str:
 
 
 def wait_awaiting(live, runs: dict[str, str], *decisions: str) -> None:
+    """Until each run's approval waits, and the scheduler has seen the processes that parked the approval
+    and its reminder end: an answer before then can fail the resumed approval as "killed externally"
+    (Airflow 3.3.2's race, apache/airflow#72716: docs/evaluation.md), which is not what these tests are about."""
     def awaiting(run_id: str) -> bool:
         state = live.task_instances(DAG, run_id).get("register.approval", {}).get("state")
         assert state in (None, "scheduled", "queued", "running", "awaiting_input"), state
         return state == "awaiting_input"
 
+    def parked(run_id: str) -> bool:
+        return (live.process_exit_seen(DAG, run_id, "register.approval", "awaiting_input")
+                and live.process_exit_seen(DAG, run_id, "register.approval_reminder", "deferred"))
+
     for decision in decisions:
         wait_for(f"the {decision} run to wait for approval", lambda d=decision: awaiting(runs[d]), 240, every_s=2)
+        wait_for(f"the scheduler to see the {decision} run's approval park", lambda d=decision: parked(runs[d]), 60,
+                 every_s=0.5)
 
 
 def explain(live, run_id: str) -> str:

@@ -365,6 +365,14 @@ class LiveAirflow:
 
         return wait_for(f"run {run_id} to finish", probe, timeout_s, every_s=2, explain=explain)
 
+    def process_exit_seen(self, dag_id: str, run_id: str, task_id: str, state: str) -> bool:
+        """Whether the scheduler has taken in the executor's report that the process which left ``task_id``
+        in ``state`` (``deferred``, ``awaiting_input``) has ended: its "TaskInstance Finished" log line.
+        Airflow 3.3.2 fails a task resumed before then as "killed externally" (docs/evaluation.md)."""
+        line = f"TaskInstance Finished: dag_id={dag_id}, task_id={task_id}, run_id={run_id}, "
+        with self.log_path("scheduler").open(errors="replace") as log:
+            return any(line in entry and f", state={state}, " in entry for entry in log)
+
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str | None:
         """A try's log file as the worker wrote it (JSON lines), or None before it exists."""
         paths = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/"
