@@ -331,7 +331,8 @@ def launch_requests(k8s_run: dict[str, str], fake_kube: FakeKube) -> list[tuple[
     op = GangJob(task_id="gang", run=k8s_run, job_poll_interval=0.2)
     with pytest.raises(TaskDeferred):
         op.execute(_context(4, _Store()))
-    op.on_kill()  # a worker killed while it held the task: the provider deletes the Job
+    op.on_kill()  # a worker killed while it held the task: its launcher deletes the Job, in the foreground
+    assert "deletionTimestamp" in fake_kube.of("Job")[k8s.names(RUN_ID, 4)[0]]["metadata"]
     delete_everything(k8s_run, RUN_ID)
     assert not fake_kube.of("Job") and not fake_kube.of("Service")
     return list(fake_kube.requests)

@@ -32,6 +32,7 @@ from trainer_corpus import write_corpus
 from conftest import REPO, TINY, as_deployment, in_task, taxiway
 from pipelines import run_folder
 from pipelines.config import ConfigError, RunConfig, load_config
+from pipelines.config.kubernetes import KubernetesConfig
 from pipelines.launch import k8s
 from pipelines.launch.spec import LaunchSpec, launch_spec
 
@@ -350,6 +351,7 @@ def test_trigger_round_trips_through_serialization():
     trigger = GangJobTrigger(job_name="job-x-t1", job_namespace="taxiway", pod_names=["job-x-t1-0-abcde"],
                              pod_namespace="taxiway", base_container_name=k8s.CONTAINER,
                              kubernetes_conn_id="taxiway_test_k8s", run_key="taxiway_train/r", attempt=2,
+                             pods=KubernetesConfig(namespace="team-a", gpus=8).model_dump(mode="json"),
                              report_every_s=30.0, watch={"run_dir": "/taxiway/runs/r", "started": 1.5e9,
                                                          "stall_timeout_s": 60.0, "startup_timeout_s": 600.0})
     path, kwargs = trigger.serialize()

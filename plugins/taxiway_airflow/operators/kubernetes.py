@@ -12,7 +12,7 @@ from that rendering, finds its pods, streams their logs and waits. On top of the
 - **deferrable**: waiting happens in the triggerer, which also judges stalls on the run's
   ``status.json`` (a Job whose pods hang never fails by itself) and reports progress; failing or
   clearing the deferred task deletes the Job (``GangJobTrigger.on_kill``), a killed worker does the
-  same (the provider's ``on_kill``).
+  same (``GangJob.on_kill``); both cancel through the launcher.
 
 The deployment picks the launcher when the DAG is parsed (``TAXIWAY_LAUNCHER=kubernetes``; a DAG's
 structure cannot depend on a run's conf), and only then does the DAG import this module (the
@@ -81,6 +81,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         self.gang: Gang | None = None
         self.spec: LaunchSpec | None = None
         self.launcher: KubernetesLauncher | None = None
+        self._handle: dict[str, str] | None = None  # the Job this try launched or re-attached to
         self._cfg: RunConfig | None = None
         self._watch: dict[str, Any] = {}  # what the trigger needs beyond the provider's: set before deferring
 
@@ -129,6 +130,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
         return status == State.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> None:
+        self._handle = external_id
         self.job = cluster.job_status(self.hook, external_id["namespace"], external_id["name"])
         if self.job is None:
             raise Transient(f"Kubernetes Job {external_id['namespace']}/{external_id['name']} is gone")
@@ -138,6 +140,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
                        "run_key": run_key_of(self.run, self.dag_id, context["run_id"]),
                        "attempt": int(self.job.metadata.labels.get(TRY_LABEL, "1")),
                        "report_every_s": c.report_every_s,
+                       "pods": c.kubernetes.model_dump(mode="json"),  # the trigger's launcher: it cancels
                        # four looks per stall window, but never more than one API read a second
                        "poll_interval": max(1.0, min(self.job_poll_interval, c.stall_timeout_s / 4))}
         if self.deferrable:
@@ -167,6 +170,13 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
             self._adopt_for(context)  # a resumed task is a fresh operator: connection, container name
             super().execute_complete(context, event, **kwargs)  # raises when the Job failed
             return self.get_job_result(None, context)
+
+    def on_kill(self) -> None:
+        """A worker killed while it held the task: cancel the Job this try launched or re-attached to
+        (foreground: its pods get SIGTERM and their grace, so the newest checkpoint is saved)."""
+        if self.launcher is not None and self._handle is not None:
+            self.launcher.cancel(self._handle)
+            log.info("canceled Job %s/%s", self._handle["namespace"], self._handle["name"])
 
     def get_pods(self, pod_request_obj: Any, context: Any, *, exclude_checked: bool = True) -> list[Any]:
         """The provider lists pods a few times back to back; the Job controller may not have made all yet."""

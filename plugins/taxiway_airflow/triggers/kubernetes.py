@@ -7,7 +7,8 @@
   task's retry starts the next gang from the newest valid checkpoint.
 - **Progress**: every ``compute.report_every_s`` a progress line, and new metric lines go to the
   run's MLflow run.
-- **Cancel**: a user failing or clearing the deferred task deletes the Job (``on_kill``).
+- **Cancel**: a user failing or clearing the deferred task deletes the Job (``on_kill``), through the
+  run's ``KubernetesLauncher``, as a stall does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 from airflow.triggers.base import TriggerEvent
 
+from pipelines.config.kubernetes import KubernetesConfig
+from pipelines.launch.launchers import KubernetesLauncher
 from pipelines.launch.watch import StatusWatch
 from pipelines.stages import train as train_stage
 from taxiway_airflow.hooks import kubernetes as cluster
@@ -28,18 +31,20 @@ from taxiway_airflow.triggers.gang import log_progress, min_event_delay_s
 
 
 class GangJobTrigger(KubernetesJobTrigger):
-    """``watch``: a ``StatusWatch`` as a dict (no stall check without one); ``run_key``, ``attempt`` and
-    ``report_every_s``: where progress goes and how often."""
+    """``pods``: the run's ``compute.kubernetes`` as a dict (the launcher that cancels the Job); ``watch``: a
+    ``StatusWatch`` as a dict (no stall check without one); ``run_key``, ``attempt`` and ``report_every_s``:
+    where progress goes and how often."""
 
-    def __init__(self, *, watch: dict[str, Any] | None = None, run_key: str | None = None, attempt: int = 1,
-                 report_every_s: float = 60.0, **kwargs: Any) -> None:
+    def __init__(self, *, pods: dict[str, Any], watch: dict[str, Any] | None = None, run_key: str | None = None,
+                 attempt: int = 1, report_every_s: float = 60.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.watch, self.run_key, self.attempt, self.report_every_s = watch, run_key, attempt, report_every_s
+        self.pods, self.watch, self.run_key = pods, watch, run_key
+        self.attempt, self.report_every_s = attempt, report_every_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {**kwargs, "watch": self.watch, "run_key": self.run_key, "attempt": self.attempt,
+                {**kwargs, "pods": self.pods, "watch": self.watch, "run_key": self.run_key, "attempt": self.attempt,
                  "report_every_s": self.report_every_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -74,8 +79,9 @@ class GangJobTrigger(KubernetesJobTrigger):
                                                                     watch.started))
 
     async def _delete(self) -> None:
-        hook = cluster.connect(self.kubernetes_conn_id)
-        await asyncio.to_thread(cluster.delete_job, hook, self.job_namespace, self.job_name)
+        launcher = KubernetesLauncher(cluster.HookCluster(cluster.connect(self.kubernetes_conn_id)),
+                                      KubernetesConfig.model_validate(self.pods))
+        await asyncio.to_thread(launcher.cancel, {"name": self.job_name, "namespace": self.job_namespace})
 
     async def on_kill(self) -> None:
         await self._delete()
