@@ -13,7 +13,7 @@ export AIRFLOW_HOME ?= $(TAXIWAY_HOME)/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
-export AIRFLOW__CORE__EXECUTOR := LocalExecutor
+export AIRFLOW__CORE__EXECUTOR := taxiway_airflow.executors.LocalExecutor
 export AIRFLOW__API__HOST := 127.0.0.1
 export TAXIWAY_CONFIG ?= $(CURDIR)/configs/demo.yaml
 

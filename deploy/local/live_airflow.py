@@ -149,7 +149,7 @@ class LiveAirflow:
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": "taxiway_airflow.executors.LocalExecutor",  # Airflow's, preloaded
             "AIRFLOW__CORE__PARALLELISM": "8",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{role}" for u, role in USERS.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),

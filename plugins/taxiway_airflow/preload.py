@@ -1,0 +1,40 @@
+"""What a process that forks task processes imports once, before it forks: Taxiway's heavy task imports.
+
+Airflow's Celery worker already preloads what every task imports (``on_celery_import_modules``: "0.3–0.5 s
+*per task*"), and a LocalExecutor's workers are forked from the scheduler, with Airflow imported. Each
+task process, forked from there, inherits the modules copy-on-write. Taxiway's data tasks import far
+more: Great Expectations and pandas for the documents check (about 3 s and 270 MB, most of the preflight
+gate's own time, and the gate is the one task of the stage that cannot spread over workers), tokenizers
+and tiktoken for the tokenize shards, and what the DAG files import (each task process parses its DAG
+file again, about 0.6 CPU-s). ``task_imports`` also installs ``supervisor_exit`` (a task's end noticed at
+once, not up to a heartbeat interval later). Called by each Celery worker (``celery_config``) and by the
+LocalExecutor before it forks its workers (``executors``). torch is left out on purpose: the training
+tasks are few and long, and a training gang's nodes are processes of their own.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+log = logging.getLogger("taxiway")
+
+
+def task_imports() -> None:
+    """Import, then freeze, so the new objects are kept out of the collector too (a collection would
+    touch, and so copy, every inherited page)."""
+    started = time.monotonic()
+    import pandas  # noqa: F401
+    import tiktoken  # noqa: F401
+    import tokenizers  # noqa: F401
+
+    from pipelines.stages import preflight
+    from taxiway_airflow import failure_summary, landing_asset, params, stage_groups, supervisor_exit, sweep_groups  # noqa: F401
+    from taxiway_airflow.tasks import land, refresh, sweep, train  # noqa: F401
+
+    preflight.preload()
+    exit_wait = supervisor_exit.install()
+    gc.freeze()
+    log.info("preloaded Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports in %.1f s; "
+             "supervisor exit wait %s", time.monotonic() - started, "installed" if exit_wait else "NOT installed")
