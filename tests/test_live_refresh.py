@@ -68,6 +68,10 @@ def test_an_asset_event_from_taxiway_land_refreshes_the_champion(live_airflow, m
     assert any(k.endswith("/model.safetensors") and mv.run_id in k for k in stored), "the model is not in the bucket"
     assert f"landing/b1/{MARKER}" in stored and not (live.taxiway_home / "landing").exists()
     assert not (live.taxiway_home / "mlartifacts").exists(), "artifacts were written to local disk"
+    model_key = next(k for k in stored if k.endswith("/model.safetensors") and mv.run_id in k)
+    print(f"refresh registered {mv.name} v{mv.version} from s3://{live.bucket}/landing/b1 ({len(stored)} keys in "
+          f"the bucket); source {mv.source}; weights at s3://{live.bucket}/{model_key}; no landing/ or "
+          f"mlartifacts/ under TAXIWAY_HOME")
     events = live.api.get("/api/v2/assets/events", params={"limit": 10}).json()["asset_events"]
     assert any((e.get("extra") or {}).get("batch_id") == "b1" for e in events), events
     # the one attempt on record: b1, tried once against the champion it continued
