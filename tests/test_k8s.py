@@ -552,6 +552,7 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
 
     from taxiway_airflow.operators.kubernetes import GangJob
     from taxiway_airflow.tasks.kubernetes import create_service, delete_everything
+    from taxiway_airflow.triggers.kubernetes import GangJobTrigger
 
     fake_kube.run_pods = False  # the test decides how each Job ends
     job_1, service = k8s.names(RUN_ID, 1)
@@ -574,8 +575,12 @@ def test_failed_try_is_replaced_cancel_deletes_and_teardown_leaves_nothing(k8s_r
     assert {p["metadata"]["labels"]["taxiway.dev/try-number"] for p in fake_kube.of("Pod").values()} == {"2"}
 
     # the user fails the deferred task: the triggerer's on_kill deletes the Job in the foreground:
-    # the Job stays, marked, until its pods have had their grace period and are gone; then it goes
-    asyncio.run(deferred.value.trigger.on_kill())
+    # the Job stays, marked, until its pods have had their grace period and are gone; then it goes.
+    # The trigger here is one serialized before it carried the run's pod config (still deferred across
+    # an upgrade): it cancels all the same (the live Kubernetes test cancels through a current one)
+    _, kwargs = deferred.value.trigger.serialize()
+    assert kwargs.pop("pods")["namespace"] == "taxiway"
+    asyncio.run(GangJobTrigger(**kwargs).on_kill())
     assert "deletionTimestamp" in fake_kube.of("Job")[job_2]["metadata"]
     wait_for("the Job and its pods to go", lambda: not fake_kube.of("Job") and not fake_kube.of("Pod"), 60, every_s=0.2)
 

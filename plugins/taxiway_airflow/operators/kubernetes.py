@@ -114,7 +114,7 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
 
     # ResumableJobMixin -----------------------------------------------------------------------
     def submit_job(self, context: Any) -> dict[str, str]:
-        handle = self.launcher.submit(self.spec)
+        handle = self._handle = self.launcher.submit(self.spec)
         self.job = self.job_request_obj
         context["ti"].xcom_push(key="job_name", value=handle["name"])
         context["ti"].xcom_push(key="job_namespace", value=handle["namespace"])
@@ -173,7 +173,9 @@ class GangJob(ResumableJobMixin, KubernetesJobOperator):
 
     def on_kill(self) -> None:
         """A worker killed while it held the task: cancel the Job this try launched or re-attached to
-        (foreground: its pods get SIGTERM and their grace, so the newest checkpoint is saved)."""
+        (foreground: its pods get SIGTERM and their grace, so the newest checkpoint is saved). ``_killed``
+        as the provider's own ``on_kill`` sets it: its pod cleanup then leaves the pods to that deletion."""
+        self._killed = True
         if self.launcher is not None and self._handle is not None:
             self.launcher.cancel(self._handle)
             log.info("canceled Job %s/%s", self._handle["namespace"], self._handle["name"])

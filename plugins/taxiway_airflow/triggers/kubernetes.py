@@ -31,11 +31,12 @@ from taxiway_airflow.triggers.gang import log_progress, min_event_delay_s
 
 
 class GangJobTrigger(KubernetesJobTrigger):
-    """``pods``: the run's ``compute.kubernetes`` as a dict (the launcher that cancels the Job); ``watch``: a
-    ``StatusWatch`` as a dict (no stall check without one); ``run_key``, ``attempt`` and ``report_every_s``:
-    where progress goes and how often."""
+    """``pods``: the run's ``compute.kubernetes`` as a dict (the launcher that cancels the Job; None in a
+    trigger serialized before it was carried, still deferred across an upgrade: a cancel calls only the
+    cluster, so the defaults serve); ``watch``: a ``StatusWatch`` as a dict (no stall check without one);
+    ``run_key``, ``attempt`` and ``report_every_s``: where progress goes and how often."""
 
-    def __init__(self, *, pods: dict[str, Any], watch: dict[str, Any] | None = None, run_key: str | None = None,
+    def __init__(self, *, pods: dict[str, Any] | None = None, watch: dict[str, Any] | None = None, run_key: str | None = None,
                  attempt: int = 1, report_every_s: float = 60.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pods, self.watch, self.run_key = pods, watch, run_key
@@ -80,7 +81,7 @@ class GangJobTrigger(KubernetesJobTrigger):
 
     async def _delete(self) -> None:
         launcher = KubernetesLauncher(cluster.HookCluster(cluster.connect(self.kubernetes_conn_id)),
-                                      KubernetesConfig.model_validate(self.pods))
+                                      KubernetesConfig.model_validate(self.pods or {}))
         await asyncio.to_thread(launcher.cancel, {"name": self.job_name, "namespace": self.job_namespace})
 
     async def on_kill(self) -> None:
