@@ -13,6 +13,8 @@ from conftest import REPO
 # what it inherited: pandas' and tokenizers' compiled extensions, mapped before the fork.
 PROBE = """
 import json, sys
+for blocked in sys.argv[1:]:
+    sys.modules[blocked] = None  # its import raises ImportError
 from taxiway_airflow.executors import LocalExecutor
 from airflow.sdk.execution_time.supervisor import WatchedSubprocess
 before = [m for m in ("pandas", "great_expectations", "tokenizers") if m in sys.modules]
@@ -30,10 +32,23 @@ finally:
 """
 
 
-def test_the_local_executor_forks_its_workers_with_the_task_imports_loaded():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
+def _probe(*blocked: str) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, *blocked], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = (ln for ln in out.stdout.splitlines() if ln.startswith("PROBE "))  # the rest is Airflow's log
-    seen = json.loads(line.removeprefix("PROBE "))
+    return json.loads(line.removeprefix("PROBE ")), out.stdout + out.stderr
+
+
+def test_the_local_executor_forks_its_workers_with_the_task_imports_loaded():
+    seen, _ = _probe()
     assert seen == {"before": [], "worker_alive": True, "worker_maps": ["pandas/_libs", "tokenizers"],
                     "great_expectations": True, "exit_wait": True}, seen
+
+
+def test_a_preload_that_fails_is_logged_and_the_executor_starts_without_it():
+    """The preload is a saving: a scheduler whose preload fails (here: tiktoken will not import) still
+    starts its workers, with the supervisor's exit wait, and says what failed."""
+    seen, log = _probe("tiktoken")
+    assert seen["worker_alive"] and seen["exit_wait"] and not seen["great_expectations"], seen
+    assert "preloading Taxiway's task imports failed" in log and "preloaded nothing" in log, log[-3000:]

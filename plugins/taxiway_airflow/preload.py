@@ -18,23 +18,36 @@ import gc
 import logging
 import time
 
+from taxiway_airflow import supervisor_exit
+
 log = logging.getLogger("taxiway")
 
 
-def task_imports() -> None:
+def task_imports() -> bool:
     """Import, then freeze, so the new objects are kept out of the collector too (a collection would
-    touch, and so copy, every inherited page)."""
+    touch, and so copy, every inherited page). A preload that fails is logged and skipped, never fatal:
+    it is a saving, and the process forking tasks (a scheduler, a Celery worker) must still start;
+    each task then imports what it needs itself, and its own log names the same error. True when
+    everything was preloaded."""
     started = time.monotonic()
-    import pandas  # noqa: F401
-    import tiktoken  # noqa: F401
-    import tokenizers  # noqa: F401
+    try:
+        import pandas  # noqa: F401
+        import tiktoken  # noqa: F401
+        import tokenizers  # noqa: F401
 
-    from pipelines.stages import preflight
-    from taxiway_airflow import failure_summary, landing_asset, params, stage_groups, supervisor_exit, sweep_groups  # noqa: F401
-    from taxiway_airflow.tasks import land, refresh, sweep, train  # noqa: F401
+        from pipelines.stages import preflight
+        from taxiway_airflow import failure_summary, landing_asset, params, stage_groups, sweep_groups  # noqa: F401
+        from taxiway_airflow.tasks import land, refresh, sweep, train  # noqa: F401
 
-    preflight.preload()
+        preflight.preload()
+    except Exception:
+        log.exception("preloading Taxiway's task imports failed: each task imports them itself")
+        preloaded = False
+    else:
+        preloaded = True
     exit_wait = supervisor_exit.install()
     gc.freeze()
-    log.info("preloaded Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports in %.1f s; "
-             "supervisor exit wait %s", time.monotonic() - started, "installed" if exit_wait else "NOT installed")
+    log.info("preloaded %s in %.1f s; supervisor exit wait %s",
+             "Great Expectations, pandas, tokenizers, tiktoken and the DAG files' imports" if preloaded else "nothing",
+             time.monotonic() - started, "installed" if exit_wait else "NOT installed")
+    return preloaded
