@@ -4,7 +4,8 @@ second (``/proc/<pid>/stat``), and prints CPU-seconds per kind, busiest first.
 Why: ``time`` counts only the CPU of the processes it waits for, so the daemons a test tier starts
 (PostgreSQL, Airflow's services, a forked task) are missing from it, and a tier can look idle while
 the machine is saturated. A process that lives under half a second is missed; one that ends between two
-samples loses at most its last half second.
+samples loses at most its last half second. A process keeps the kind it was first seen as: an exited
+one (a zombie) has no command line left to tell.
 
     .venv/bin/python bench/cpu_by_process.py --out bench/results/cpu_live_tier.json -- make test-live
 """
@@ -59,7 +60,8 @@ def sample() -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        seen[int(entry.name)] = (int(fields[11]) + int(fields[12]), kind_of(cmdline or stat[stat.index("(") + 1:]))
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        seen[int(entry.name)] = (int(fields[11]) + int(fields[12]), kind_of(cmdline or comm))
     return seen
 
 
@@ -78,6 +80,10 @@ def main() -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command given (after --)")
+    if not 0.05 <= args.every_s <= 60:
+        parser.error(f"--every-s {args.every_s}: give 0.05 to 60 seconds")
+    if args.out and not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: its folder does not exist")  # before the run, not after it
     baseline = sample()
     first = {pid: ticks for pid, (ticks, _) in baseline.items()}
     last: dict[int, tuple[int, str]] = {}
@@ -85,7 +91,8 @@ def main() -> int:
     child = subprocess.Popen(cmd)
     while child.poll() is None:
         time.sleep(args.every_s)
-        last.update(sample())
+        for pid, (ticks, kind) in sample().items():
+            last[pid] = (ticks, last[pid][1] if pid in last else kind)
     wall, busy = time.monotonic() - t0, machine_busy_s() - busy0
     per_kind: dict[str, float] = defaultdict(float)
     for pid, (ticks, kind) in last.items():
