@@ -4,8 +4,9 @@ second (``/proc/<pid>/stat``), and prints CPU-seconds per kind, busiest first.
 Why: ``time`` counts only the CPU of the processes it waits for, so the daemons a test tier starts
 (PostgreSQL, Airflow's services, a forked task) are missing from it, and a tier can look idle while
 the machine is saturated. A process that lives under half a second is missed; one that ends between two
-samples loses at most its last half second. A process keeps the kind it was first seen as: an exited
-one (a zombie) has no command line left to tell.
+samples loses at most its last half second. A process is filed under the kind its latest command line
+says (pytest-xdist's workers retitle themselves), and an exited one (a zombie: no command line left)
+under the kind it had while alive.
 
     .venv/bin/python bench/cpu_by_process.py --out bench/results/cpu_live_tier.json -- make test-live
 """
@@ -48,8 +49,8 @@ def kind_of(cmdline: str) -> str:
     return "other: " + re.sub(r"\d+", "N", cmdline[:60])
 
 
-def sample() -> dict[int, tuple[int, str]]:
-    """pid → (CPU ticks so far, kind)."""
+def sample() -> dict[int, tuple[int, str | None, str]]:
+    """pid → (CPU ticks so far, kind by its command line or None when it has none, kind by its name)."""
     seen = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -61,7 +62,8 @@ def sample() -> dict[int, tuple[int, str]]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        seen[int(entry.name)] = (int(fields[11]) + int(fields[12]), kind_of(cmdline or comm))
+        seen[int(entry.name)] = (int(fields[11]) + int(fields[12]), kind_of(cmdline) if cmdline else None,
+                                 kind_of(comm))
     return seen
 
 
@@ -85,14 +87,14 @@ def main() -> int:
     if args.out and not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: its folder does not exist")  # before the run, not after it
     baseline = sample()
-    first = {pid: ticks for pid, (ticks, _) in baseline.items()}
+    first = {pid: ticks for pid, (ticks, _, _) in baseline.items()}
     last: dict[int, tuple[int, str]] = {}
     busy0, t0 = machine_busy_s(), time.monotonic()
     child = subprocess.Popen(cmd)
     while child.poll() is None:
         time.sleep(args.every_s)
-        for pid, (ticks, kind) in sample().items():
-            last[pid] = (ticks, last[pid][1] if pid in last else kind)
+        for pid, (ticks, kind, by_name) in sample().items():
+            last[pid] = (ticks, kind or (last[pid][1] if pid in last else by_name))
     wall, busy = time.monotonic() - t0, machine_busy_s() - busy0
     per_kind: dict[str, float] = defaultdict(float)
     for pid, (ticks, kind) in last.items():
